@@ -1,0 +1,219 @@
+"""The one validated object that holds everything a user sets.
+
+Build it from keyword arguments (``Config(dirpath="ckpts", overhead_budget=0.02)``), a dict
+(``Config.from_dict``) or a YAML/TOML file (``Config.from_file``). Every field is validated
+at construction; a bad value raises :class:`~autockpt_core.errors.ConfigError` naming the
+field, the value and the fix. Human units are accepted: ``overhead_budget="2%"``,
+``mtbf="6h"``, ``min_interval="30s"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .units import parse_duration, parse_fraction
+
+SCHEDULES = ("uniform", "front_loaded")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """User settings for automatic checkpointing.
+
+    Attributes:
+        dirpath: Directory (or ``file://`` URL) the checkpoints and the manifest go to.
+        overhead_budget: Largest fraction of training time checkpointing may cost (0.02 = 2%).
+        mtbf: Mean time between failures in seconds (or "6h"); enables Young/Daly.
+        every_n_steps: Fixed interval in optimizer steps; overrides the policy.
+        min_interval: Never checkpoint more often than this (seconds or "30s").
+        max_interval: Never let more than this pass without a checkpoint (seconds or "30min").
+        keep_last: How many checkpoints to keep; older ones are deleted only after a newer one
+            is durable.
+        warmup_steps: Steps ignored by the profiler (compilation, caches, allocator warm-up).
+        profile_window: Number of recent samples each online estimate is computed from.
+        async_persist: Persist in a background thread (True) or on the training thread.
+        resume: Resume automatically from the newest valid checkpoint in ``dirpath``.
+        schedule: "uniform" or "front_loaded" (denser checkpoints early; needs ``mtbf``).
+        adaptive: Re-tune the interval at run time when measured overhead drifts.
+        verbose: Print the end-of-training summary line.
+    """
+
+    dirpath: str
+    overhead_budget: float = 0.02
+    mtbf: float | None = None
+    every_n_steps: int | None = None
+    min_interval: float | None = None
+    max_interval: float | None = None
+    keep_last: int = 3
+    warmup_steps: int = 5
+    profile_window: int = 50
+    async_persist: bool = True
+    resume: bool = True
+    schedule: str = "uniform"
+    adaptive: bool = True
+    verbose: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "dirpath", _check_dirpath(self.dirpath))
+        set_(self, "overhead_budget", _check_budget(self.overhead_budget))
+        set_(self, "mtbf", _check_optional_duration("mtbf", self.mtbf, example="'6h'"))
+        set_(self, "every_n_steps", _check_optional_positive_int("every_n_steps", self.every_n_steps))
+        set_(self, "min_interval", _check_optional_duration("min_interval", self.min_interval, "'30s'"))
+        set_(self, "max_interval", _check_optional_duration("max_interval", self.max_interval, "'30min'"))
+        if (
+            self.min_interval is not None
+            and self.max_interval is not None
+            and self.min_interval > self.max_interval
+        ):
+            raise ConfigError(
+                "min_interval",
+                self.min_interval,
+                f"is larger than max_interval={self.max_interval!r}",
+                "make min_interval <= max_interval, or drop one of them",
+            )
+        set_(self, "keep_last", _check_int("keep_last", self.keep_last, minimum=1))
+        set_(self, "warmup_steps", _check_int("warmup_steps", self.warmup_steps, minimum=0))
+        set_(self, "profile_window", _check_int("profile_window", self.profile_window, minimum=3))
+        for name in ("async_persist", "resume", "adaptive", "verbose"):
+            set_(self, name, _check_bool(name, getattr(self, name)))
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                "schedule",
+                self.schedule,
+                "is not a known schedule",
+                f"use one of {', '.join(repr(s) for s in SCHEDULES)}",
+            )
+        if self.schedule == "front_loaded" and self.mtbf is None:
+            raise ConfigError(
+                "schedule",
+                self.schedule,
+                "needs a failure rate to weigh early progress against checkpoint cost",
+                "set mtbf (e.g. mtbf='6h') or use schedule='uniform'",
+            )
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], **overrides: Any) -> "Config":
+        """Build from a mapping; unknown keys raise a ConfigError suggesting the closest field."""
+        merged = {**dict(values), **overrides}
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in merged:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                fix = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(names)}"
+                raise ConfigError(key, merged[key], "is not an autockpt setting", fix)
+        if "dirpath" not in merged:
+            raise ConfigError("dirpath", None, "is required", "set dirpath to a directory, e.g. 'ckpts'")
+        return cls(**merged)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> "Config":
+        """Build from a YAML (.yaml/.yml) or TOML (.toml) file.
+
+        The settings may sit at the top level or under an ``autockpt`` key (TOML: an
+        ``[autockpt]`` table), so they can share a file with other settings.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("path", str(path), "does not exist", "pass the path of a YAML or TOML file")
+        suffix = path.suffix.lower()
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError("path", str(path), "has an unknown suffix", "use a .yaml, .yml or .toml file")
+        if not isinstance(data, dict):
+            raise ConfigError("path", str(path), "does not hold a mapping of settings", "write key: value pairs")
+        if "autockpt" in data and isinstance(data["autockpt"], dict):
+            data = data["autockpt"]
+        return cls.from_dict(data, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+# -- field checks ---------------------------------------------------------------------------
+
+
+def _check_dirpath(value: Any) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError("dirpath", value, "must be a non-empty path", "pass a directory such as 'ckpts'")
+    return value
+
+
+def _check_budget(value: Any) -> float:
+    try:
+        budget = parse_fraction(value)
+    except ValueError as exc:
+        raise ConfigError("overhead_budget", value, str(exc), "pass a fraction like 0.02 or '2%'") from None
+    if not math.isfinite(budget) or budget <= 0:
+        raise ConfigError("overhead_budget", value, "must be a positive fraction", "use e.g. 0.02 for 2%")
+    if budget >= 1:
+        if budget < 100:
+            fix = f"overhead_budget is a fraction of training time: use {budget / 100:g} for {budget:g}%"
+        else:
+            fix = "use a fraction below 1, e.g. 0.02 for 2%"
+        raise ConfigError("overhead_budget", value, "is not a fraction below 1", fix)
+    if budget > 0.5:
+        raise ConfigError(
+            "overhead_budget", value, "would let checkpointing take over half the training time",
+            "use a budget of at most 0.5 (typical values: 0.01-0.05)",
+        )
+    return budget
+
+
+def _check_optional_duration(field: str, value: Any, example: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(field, value, str(exc), f"pass seconds or a string like {example}") from None
+    if seconds <= 0:
+        raise ConfigError(field, value, "must be positive", f"pass seconds or a string like {example}")
+    return seconds
+
+
+def _check_int(field: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ConfigError(field, value, "must be a whole number", f"pass an integer >= {minimum}")
+    if value < minimum:
+        raise ConfigError(field, value, f"must be at least {minimum}", f"pass an integer >= {minimum}")
+    return value
+
+
+def _check_optional_positive_int(field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    return _check_int(field, value, minimum=1)
+
+
+def _check_bool(field: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ConfigError(field, value, "must be true or false", f"pass {field}=True or {field}=False")

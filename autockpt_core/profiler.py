@@ -1,0 +1,110 @@
+"""Online, robust estimates of what checkpointing costs.
+
+The training thread feeds raw measurements; estimates are medians over a sliding window, so a
+single slow step (GC pause, page-cache flush) does not move them. The first ``warmup_steps``
+iterations are ignored (compilation, allocator and cache warm-up).
+
+Threading: ``record_iteration``/``record_stall`` are called from the training thread,
+``record_persist`` from the writer thread; a lock keeps the windows consistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from collections import deque
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimates:
+    """A consistent snapshot of the profiler's estimates (seconds and bytes).
+
+    ``None`` means "not measured yet". ``loaded_iter_time_s`` is the mean duration of the
+    iterations that ran while a checkpoint was being snapshotted or persisted (their own stall
+    excluded); compared with ``iter_time_s`` it gives the slowdown background work causes.
+    """
+
+    iter_time_s: float | None = None
+    stall_s: float | None = None
+    persist_s: float | None = None
+    checkpoint_bytes: int | None = None
+    loaded_iter_time_s: float | None = None
+    iterations_seen: int = 0
+    checkpoints_seen: int = 0
+
+    @property
+    def ready(self) -> bool:
+        """True once iteration time, stall and persist time have all been measured."""
+        return None not in (self.iter_time_s, self.stall_s, self.persist_s)
+
+    @property
+    def background_slowdown(self) -> float | None:
+        """Relative slowdown of iterations overlapping checkpoint work, e.g. 0.03 = 3%."""
+        if self.iter_time_s is None or self.loaded_iter_time_s is None or self.iter_time_s <= 0:
+            return None
+        return max(0.0, self.loaded_iter_time_s / self.iter_time_s - 1.0)
+
+
+class Profiler:
+    """Sliding-window medians of iteration time, stall, persist time and checkpoint bytes."""
+
+    def __init__(self, warmup_steps: int = 5, window: int = 50) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._warmup = warmup_steps
+        self._lock = threading.Lock()
+        self._iter: deque[float] = deque(maxlen=window)
+        self._loaded_iter: deque[float] = deque(maxlen=window)
+        self._stall: deque[float] = deque(maxlen=window)
+        self._persist: deque[float] = deque(maxlen=window)
+        self._bytes: deque[int] = deque(maxlen=window)
+        self._iterations = 0
+        self._checkpoints = 0
+
+    def record_iteration(self, seconds: float, loaded: bool = False) -> None:
+        """One iteration's duration, its own checkpoint stall already subtracted.
+
+        ``loaded`` marks iterations that overlapped a snapshot copy or a persist.
+        """
+        with self._lock:
+            self._iterations += 1
+            if self._iterations <= self._warmup or seconds < 0:
+                return
+            (self._loaded_iter if loaded else self._iter).append(seconds)
+
+    def record_stall(self, seconds: float, nbytes: int) -> None:
+        """Time the training thread was blocked by one checkpoint, and its size."""
+        with self._lock:
+            self._checkpoints += 1
+            self._stall.append(max(0.0, seconds))
+            self._bytes.append(int(nbytes))
+
+    def record_persist(self, seconds: float) -> None:
+        """Wall time of one background persist (serialize, write, fsync, rename, manifest)."""
+        with self._lock:
+            self._persist.append(max(0.0, seconds))
+
+    def estimates(self) -> Estimates:
+        """Current medians; safe to call from any thread."""
+        with self._lock:
+            return Estimates(
+                iter_time_s=_median(self._iter),
+                stall_s=_median(self._stall),
+                persist_s=_median(self._persist),
+                checkpoint_bytes=int(_median(self._bytes)) if self._bytes else None,
+                loaded_iter_time_s=statistics.fmean(self._loaded_iter) if self._loaded_iter else None,
+                iterations_seen=self._iterations,
+                checkpoints_seen=self._checkpoints,
+            )
+
+    @property
+    def in_warmup(self) -> bool:
+        with self._lock:
+            return self._iterations <= self._warmup
+
+
+def _median(values: deque[float] | deque[int]) -> float | None:
+    return float(statistics.median(values)) if values else None

@@ -1,0 +1,244 @@
+"""The engine both adapters drive: profiler + policy + buffers + writer + storage.
+
+Adapters only translate framework hooks into these calls (training thread, in this order):
+
+1. ``resume_record()`` once before training: the newest valid checkpoint to restore, or None.
+2. ``start(step)`` when training starts (``step`` = global step after any restore).
+3. ``step_end(step, loss=...)`` after every optimizer step; it returns a :class:`Decision`.
+4. ``save(step, epoch, snapshot)`` when the decision says so (or at any time, e.g. on
+   preemption): ``snapshot(buffers)`` copies the live state into the session's reusable
+   buffers and returns a :class:`Snapshot`; the session measures the stall and hands the
+   snapshot to the background writer.
+5. ``finish()`` at the end: waits for the last persist and returns the :class:`RunSummary`.
+
+Background errors surface as :class:`CheckpointWriteError` from ``step_end``, ``save`` or
+``finish``. The clock is injected (``clock``), so the whole engine runs in tests without a
+framework or real time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import IO, Any, Callable
+
+from .buffers import BufferPool
+from .config import Config
+from .manifest import CheckpointRecord, find_latest_valid, read_manifest
+from .policy import CheckpointPolicy, Decision, IntervalAdjuster
+from .profiler import Estimates, Profiler
+from .storage import Storage, storage_for
+from .summary import RunSummary
+from .writer import CheckpointWriter, PersistJob
+
+log = logging.getLogger("autockpt")
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """The result of phase 1: a consistent copy of the state, ready to be serialized.
+
+    ``write(file)`` must only read the snapshot buffers (it runs in the writer thread while
+    training continues). ``nbytes`` is the tensor payload size.
+    """
+
+    write: Callable[[IO[bytes]], object]
+    nbytes: int
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
+
+
+def checkpoint_name(step: int, suffix: str) -> str:
+    """File name of the checkpoint after ``step``: ``ckpt-step000001200.ckpt``."""
+    return f"ckpt-step{step:09d}{suffix}"
+
+
+class CheckpointSession:
+    """See the module docstring for the call order and threading."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        framework: str,
+        suffix: str,
+        buffers: BufferPool[Any] | None = None,
+        storage: Storage | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        interval_adjuster: IntervalAdjuster | None = None,
+    ) -> None:
+        self.config = config
+        self.framework = framework
+        self.suffix = suffix
+        self.storage = storage if storage is not None else storage_for(config.dirpath)
+        self.buffers: BufferPool[Any] = buffers if buffers is not None else BufferPool()
+        self.clock = clock
+        self.profiler = Profiler(config.warmup_steps, config.profile_window)
+        self.policy = CheckpointPolicy(config, interval_adjuster)
+        self.writer = CheckpointWriter(
+            self.storage,
+            config.keep_last,
+            run_async=config.async_persist,
+            on_persisted=self._on_persisted,
+            clock=clock,
+        )
+        self.last_decision: Decision | None = None
+        self._start_time: float | None = None
+        self._last_step_time: float | None = None
+        self._stall_since_last_step = 0.0
+        self._loaded_since_last_step = False
+        self._total_stall = 0.0
+        self._checkpoints = 0
+        self._newest_step: int | None = None
+        self._newest_name: str | None = None
+        self._start_step = 0
+        self._last_loss: float | None = None
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def resume_record(self) -> CheckpointRecord | None:
+        """The newest checkpoint of this framework that verifies, if ``config.resume``."""
+        if not self.config.resume:
+            return None
+        removed = self.storage.cleanup_temporaries()
+        if removed:
+            log.info("autockpt: removed %d temporary file(s) left by an interrupted write", removed)
+        return find_latest_valid(self.storage, framework=self.framework)
+
+    def path_of(self, record: CheckpointRecord) -> str:
+        """Local path of a record's file (raises for remote storage)."""
+        path = self.storage.local_path(record.name)
+        if path is None:
+            raise ValueError(f"{self.storage.location} is not a local directory")
+        return path
+
+    # -- training loop ----------------------------------------------------------------------
+
+    def start(self, step: int = 0) -> None:
+        """Training starts (or resumes) at global step ``step``."""
+        now = self.clock()
+        self._start_time = now
+        self._last_step_time = now
+        self._start_step = step
+        self.policy.start(now, step)
+
+    def step_end(self, step: int, loss: float | None = None) -> Decision:
+        """Record one finished optimizer step and decide whether to checkpoint now."""
+        self.writer.raise_if_failed()
+        now = self.clock()
+        if self._start_time is None:  # the adapter did not call start(): begin here
+            self.start(step)
+        elif self._last_step_time is not None:
+            duration = now - self._last_step_time - self._stall_since_last_step
+            loaded = self._loaded_since_last_step or self.writer.busy
+            self.profiler.record_iteration(duration, loaded=loaded)
+        self._last_step_time = now
+        self._stall_since_last_step = 0.0
+        self._loaded_since_last_step = self.writer.busy
+        if loss is not None:
+            self._last_loss = float(loss)
+        decision = self.policy.decide(step, now, self.profiler.estimates(), self.writer.busy)
+        self.last_decision = decision
+        return decision
+
+    def save(
+        self,
+        step: int,
+        epoch: int | None,
+        snapshot: SnapshotFn,
+        meta: dict[str, Any] | None = None,
+        reason: str = "",
+    ) -> None:
+        """Phase 1 on this thread (snapshot, timed as stall), phase 2 handed to the writer.
+
+        Waits for an in-flight persist first (the buffers are about to be overwritten); that
+        wait counts as stall.
+        """
+        start = self.clock()
+        self.writer.wait()
+        self.buffers.begin_round()
+        snap = snapshot(self.buffers)
+        self.buffers.end_round()
+        all_meta = {**(meta or {}), **snap.meta}
+        if reason:
+            all_meta.setdefault("reason", reason)
+        job = PersistJob(
+            name=checkpoint_name(step, self.suffix),
+            step=step,
+            epoch=epoch,
+            framework=self.framework,
+            write=snap.write,
+            meta=all_meta,
+        )
+        self.writer.submit(job)
+        stall = self.clock() - start
+        self.profiler.record_stall(stall, snap.nbytes)
+        self.policy.record_checkpoint(step, self.clock())
+        self._stall_since_last_step += stall
+        self._loaded_since_last_step = True
+        self._total_stall += stall
+        self._checkpoints += 1
+        self._newest_step = step
+        self._newest_name = job.name
+
+    def _on_persisted(self, record: CheckpointRecord, seconds: float) -> None:
+        self.profiler.record_persist(seconds)
+
+    def finish(self) -> RunSummary:
+        """Wait for the last persist, re-raise its error if any, and summarise the run."""
+        self.writer.close()
+        return self.summary()
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def estimates(self) -> Estimates:
+        return self.profiler.estimates()
+
+    def measured_overhead(self) -> float | None:
+        """Fraction of wall time since ``start`` the training thread spent blocked by checkpoints."""
+        if self._start_time is None:
+            return None
+        elapsed = self.clock() - self._start_time
+        return self._total_stall / elapsed if elapsed > 0 else None
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers for the framework's logger: interval, stall, overhead, checkpoint count."""
+        est = self.profiler.estimates()
+        out: dict[str, float] = {"autockpt/checkpoints": float(self._checkpoints)}
+        interval = self.policy.current
+        if interval is not None:
+            out["autockpt/interval_steps"] = float(interval.steps)
+        if est.stall_s is not None:
+            out["autockpt/stall_ms"] = est.stall_s * 1e3
+        overhead = self.measured_overhead()
+        if overhead is not None:
+            out["autockpt/overhead_pct"] = overhead * 100.0
+        return out
+
+    def summary(self) -> RunSummary:
+        est = self.profiler.estimates()
+        interval = self.policy.current
+        return RunSummary(
+            framework=self.framework,
+            checkpoints=self._checkpoints,
+            mean_stall_s=(self._total_stall / self._checkpoints) if self._checkpoints else None,
+            checkpoint_bytes=est.checkpoint_bytes,
+            overhead=self.measured_overhead(),
+            budget=self.config.overhead_budget,
+            interval_steps=interval.steps if interval is not None else None,
+            interval_rule=interval.rule if interval is not None else None,
+            newest_step=self._newest_step,
+            newest_path=(self.storage.local_path(self._newest_name) or self._newest_name)
+            if self._newest_name
+            else None,
+            persist_s=est.persist_s,
+            deferred=self.policy.deferred,
+            buffer_bytes=self.buffers.total_bytes,
+        )
+
+    def records(self) -> list[CheckpointRecord]:
+        """The manifest's records, oldest first."""
+        return read_manifest(self.storage)

@@ -1,0 +1,226 @@
+"""One small storage interface, with local-filesystem and fsspec implementations.
+
+Every write is atomic: bytes go to a temporary name in the same directory, are flushed and
+fsync'ed, then renamed over the final name, and the directory is fsync'ed. A reader never
+sees a partial file under a final name; a failed write removes its temporary file and leaves
+every existing file untouched.
+
+Threading: an instance may be used from the writer thread and the training thread at once,
+as long as they touch different names (the session guarantees that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from pathlib import Path
+from typing import IO, Callable, Protocol, runtime_checkable
+
+from .checksum import ALGORITHM, HashingWriter
+
+TEMP_PREFIX = ".autockpt-tmp-"
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """What an atomic write produced: final name, size in bytes and checksum."""
+
+    name: str
+    size: int
+    checksum: str
+    algorithm: str = ALGORITHM
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Where checkpoints live. Names are flat file names inside one directory."""
+
+    def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
+        """Call ``write(file)``, then make the bytes durable under ``name`` atomically."""
+
+    def open_read(self, name: str) -> IO[bytes]:
+        """Open ``name`` for reading (binary)."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def delete(self, name: str) -> None:
+        """Remove ``name``; a missing file is not an error."""
+
+    def list_names(self) -> list[str]:
+        """Names of the files in the directory (temporary files excluded)."""
+
+    def local_path(self, name: str) -> str | None:
+        """A filesystem path for ``name`` when the storage is local, else None."""
+
+    def cleanup_temporaries(self) -> int:
+        """Remove temporary files left by a crashed writer; returns how many."""
+
+    @property
+    def location(self) -> str:
+        """The directory or URL, for messages."""
+
+
+class LocalStorage:
+    """Checkpoints in a local directory (created on first write)."""
+
+    def __init__(self, root: str | os.PathLike[str], fsync: bool = True) -> None:
+        self.root = Path(root).expanduser()
+        self._fsync = fsync
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    def _path(self, name: str) -> Path:
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"storage names are plain file names, got {name!r}")
+        return self.root / name
+
+    def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
+        final = self._path(name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
+        try:
+            with open(tmp, "xb", buffering=0) as raw:
+                hashing = HashingWriter(raw)  # unbuffered: large writes go straight to the kernel
+                write(hashing)
+                if self._fsync:
+                    os.fsync(raw.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+            raise
+        if self._fsync:
+            _fsync_dir(self.root)
+        return WriteResult(name, hashing.size, hashing.hexdigest())
+
+    def open_read(self, name: str) -> IO[bytes]:
+        return open(self._path(name), "rb")
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def delete(self, name: str) -> None:
+        try:
+            self._path(name).unlink()
+        except FileNotFoundError:
+            pass
+
+    def list_names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_file() and not p.name.startswith(TEMP_PREFIX))
+
+    def local_path(self, name: str) -> str | None:
+        return str(self._path(name))
+
+    def cleanup_temporaries(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for p in self.root.glob(f"{TEMP_PREFIX}*"):
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass
+        return removed
+
+
+class FsspecStorage:
+    """Checkpoints under an fsspec URL (``s3://``, ``gcs://``, ``memory://`` ...).
+
+    Atomicity comes from writing a temporary object and moving it; object stores make a
+    single PUT atomic, and fsspec's ``mv`` is a server-side copy there. fsync is not available
+    through fsspec; durability is whatever the backend guarantees on close.
+    """
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self._fs, root = fsspec.core.url_to_fs(url)
+        self._root = root.rstrip("/")
+        self._url = url
+
+    @property
+    def location(self) -> str:
+        return self._url
+
+    def _path(self, name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"storage names are plain file names, got {name!r}")
+        return f"{self._root}/{name}"
+
+    def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
+        self._fs.makedirs(self._root, exist_ok=True)
+        tmp = self._path(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}")
+        try:
+            with self._fs.open(tmp, "wb") as raw:
+                hashing = HashingWriter(raw)
+                write(hashing)
+            self._fs.mv(tmp, self._path(name))
+        except BaseException:
+            try:
+                self._fs.rm(tmp)
+            except Exception:
+                pass
+            raise
+        return WriteResult(name, hashing.size, hashing.hexdigest())
+
+    def open_read(self, name: str) -> IO[bytes]:
+        return self._fs.open(self._path(name), "rb")
+
+    def exists(self, name: str) -> bool:
+        return bool(self._fs.exists(self._path(name)))
+
+    def delete(self, name: str) -> None:
+        try:
+            self._fs.rm(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def list_names(self) -> list[str]:
+        if not self._fs.exists(self._root):
+            return []
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self._fs.ls(self._root, detail=False)]
+        return sorted(n for n in names if not n.startswith(TEMP_PREFIX))
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def cleanup_temporaries(self) -> int:
+        removed = 0
+        if not self._fs.exists(self._root):
+            return 0
+        for p in self._fs.ls(self._root, detail=False):
+            if p.rstrip("/").rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
+                self._fs.rm(p)
+                removed += 1
+        return removed
+
+
+def storage_for(location: str | os.PathLike[str]) -> Storage:
+    """LocalStorage for paths and ``file://`` URLs, FsspecStorage for other URLs."""
+    text = os.fspath(location)
+    if text.startswith("file://"):
+        return LocalStorage(text[len("file://") :])
+    if "://" in text:
+        return FsspecStorage(text)
+    return LocalStorage(text)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems do not support fsync on directories
+    finally:
+        os.close(fd)

@@ -1,0 +1,45 @@
+"""The one-line end-of-training summary both adapters print."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .units import format_duration, format_size
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What checkpointing did in one run; ``line()`` is what the callbacks print."""
+
+    framework: str
+    checkpoints: int
+    mean_stall_s: float | None
+    checkpoint_bytes: int | None
+    overhead: float | None
+    budget: float
+    interval_steps: int | None
+    interval_rule: str | None
+    newest_step: int | None
+    newest_path: str | None
+    persist_s: float | None = None
+    deferred: int = 0
+    buffer_bytes: int = 0
+
+    def line(self) -> str:
+        if self.checkpoints == 0:
+            return "autockpt: no checkpoints taken (run shorter than warm-up and profiling)"
+        stall = f"{self.mean_stall_s * 1e3:.1f}ms" if self.mean_stall_s is not None else "n/a"
+        size = format_size(self.checkpoint_bytes) if self.checkpoint_bytes else "n/a"
+        overhead = f"{self.overhead * 100:.2f}%" if self.overhead is not None else "n/a"
+        persist = format_duration(self.persist_s) if self.persist_s is not None else "n/a"
+        interval = (
+            f"{self.interval_steps} steps ({self.interval_rule})" if self.interval_steps is not None else "n/a"
+        )
+        return (
+            f"autockpt: {self.checkpoints} checkpoints, mean stall {stall} for {size}, "
+            f"persist {persist}, overhead {overhead} (budget {self.budget * 100:.2f}%), "
+            f"interval {interval}, newest step {self.newest_step} -> {self.newest_path}"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
