@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+from autockpt_core import CheckpointSession, CheckpointWriteError, Config, Snapshot, read_tensor_file, write_tensor_file
+from tests.faults import FailingStorage
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_snapshot(state, clock, copy_seconds):
+    def snapshot(pool):
+        arrays = {}
+        for k, v in state.items():
+            buf = pool.get(k, v.shape, v.dtype)
+            np.copyto(buf, v)
+            arrays[k] = buf
+        clock.t += copy_seconds
+        return Snapshot(write=lambda f: write_tensor_file(f, arrays), nbytes=sum(a.nbytes for a in arrays.values()))
+
+    return snapshot
+
+
+def run(session, clock, state, steps, iter_time=0.1, copy_seconds=0.01):
+    saved = []
+    session.start(0)
+    for step in range(1, steps + 1):
+        clock.t += iter_time
+        state["w"] += 1.0
+        decision = session.step_end(step, loss=1.0 / step)
+        if decision.save:
+            session.save(step, 0, make_snapshot(state, clock, copy_seconds))
+            session.writer.wait()
+            saved.append((step, decision))
+    return saved
+
+
+def test_policy_spacing_matches_reported_interval(tmp_path) -> None:
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), overhead_budget=0.02, warmup_steps=3, async_persist=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".safetensors", clock=clock)
+    state = {"w": np.zeros((10, 10), np.float32)}
+    saved = run(session, clock, state, 200)
+    # stall 10 ms, iter 100 ms, budget 2% -> k = ceil(0.01 / 0.002) = 5
+    assert saved[0][1].reason.startswith("profiling")
+    steady = [s for s, d in saved[1:]]
+    gaps = set(np.diff([saved[0][0]] + steady))
+    assert gaps == {5}
+    assert all(d.interval.steps == 5 and d.interval.rule == "budget" for _, d in saved[1:])
+    summary = session.finish()
+    assert summary.checkpoints == len(saved) and summary.newest_step == saved[-1][0]
+    assert summary.overhead == pytest.approx(0.01 / (0.1 * 5 + 0.01), rel=0.2)
+    assert "autockpt:" in summary.line() and "budget 2.00%" in summary.line()
+    newest = session.records()[-1]
+    arrays, _ = read_tensor_file((tmp_path / newest.name).read_bytes())
+    assert arrays["w"][0, 0] == saved[-1][0]  # the snapshot holds the state at that step
+    assert session.buffers.allocations == 1  # reused across all checkpoints
+
+
+def test_every_n_steps_overrides_policy(tmp_path) -> None:
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), every_n_steps=7, keep_last=100, async_persist=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".st", clock=clock)
+    saved = run(session, clock, {"w": np.zeros(3)}, 30)
+    assert [s for s, _ in saved] == [7, 14, 21, 28]
+    assert [r.step for r in session.records()] == [7, 14, 21, 28]
+
+
+def test_resume_record_and_opt_out(tmp_path) -> None:
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), every_n_steps=5, async_persist=False)
+    s1 = CheckpointSession(cfg, framework="np", suffix=".st", clock=clock)
+    run(s1, clock, {"w": np.zeros(3)}, 12)
+    s1.finish()
+    assert CheckpointSession(cfg, framework="np", suffix=".st").resume_record().step == 10
+    assert CheckpointSession(cfg.replace(resume=False), framework="np", suffix=".st").resume_record() is None
+    assert CheckpointSession(cfg, framework="other", suffix=".st").resume_record() is None
+
+
+def test_background_failure_surfaces_in_training_thread(tmp_path) -> None:
+    clock = FakeClock()
+    storage = FailingStorage(tmp_path, fail_after=10)
+    cfg = Config(dirpath=str(tmp_path), every_n_steps=2)
+    session = CheckpointSession(cfg, framework="np", suffix=".st", clock=clock, storage=storage)
+    state = {"w": np.zeros(100)}
+    session.start(0)
+    clock.t += 0.1
+    session.step_end(1)
+    clock.t += 0.1
+    assert session.step_end(2).save
+    session.save(2, 0, make_snapshot(state, clock, 0.0))
+    session.writer.wait()
+    storage.armed = True
+    clock.t += 0.1
+    session.step_end(3)
+    clock.t += 0.1
+    assert session.step_end(4).save
+    session.save(4, 0, make_snapshot(state, clock, 0.0))
+    session.writer._thread.join()
+    clock.t += 0.1
+    with pytest.raises(CheckpointWriteError, match="step 4"):
+        session.step_end(5)
+    assert session.resume_record().step == 2
