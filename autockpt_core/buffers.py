@@ -38,6 +38,7 @@ class BufferPool(Generic[B]):
         self._nbytes = nbytes
         self._buffers: dict[Hashable, tuple[tuple[int, ...], Any, B]] = {}
         self._used: set[Hashable] = set()
+        self._total = 0  # running sum of nbytes (total_bytes is read on every allocation)
         self.allocations = 0
         self.peak_bytes = 0
 
@@ -54,19 +55,22 @@ class BufferPool(Generic[B]):
             return entry[2]
         buffer = self._allocate(shape, dtype)
         self.allocations += 1
+        if entry is not None:
+            self._total -= self._nbytes(entry[2])
         self._buffers[key] = (shape, dtype, buffer)
+        self._total += self._nbytes(buffer)
         self.peak_bytes = max(self.peak_bytes, self.total_bytes)
         return buffer
 
     def end_round(self) -> None:
         """Finish a snapshot: release buffers whose keys were not used (the state shrank)."""
         for key in [k for k in self._buffers if k not in self._used]:
-            del self._buffers[key]
+            self._total -= self._nbytes(self._buffers.pop(key)[2])
 
     @property
     def total_bytes(self) -> int:
         """Bytes currently held by the pool."""
-        return sum(self._nbytes(b) for _, _, b in self._buffers.values())
+        return self._total
 
     def __len__(self) -> int:
         return len(self._buffers)

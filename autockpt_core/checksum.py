@@ -39,12 +39,19 @@ class HashingWriter:
         self.size = 0
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        self._hash.update(view)
-        written = self._raw.write(view)
+        """Write all of ``data``: unbuffered raw files may write only part of a large buffer
+        (Linux caps one write at ~2 GiB) and callers such as torch.save ignore the count."""
+        view = memoryview(data).cast("B")
         n = len(view)
+        self._hash.update(view)
+        done = 0
+        while done < n:
+            written = self._raw.write(view[done:])
+            if written == 0:
+                raise OSError(f"write made no progress after {self.size + done} bytes")
+            done += n - done if written is None else written
         self.size += n
-        return written if written is not None else n
+        return n
 
     def flush(self) -> None:
         self._raw.flush()

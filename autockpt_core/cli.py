@@ -2,6 +2,8 @@
 
 ``autockpt inspect DIR``  list the checkpoints in DIR with step, time, size and checksum status.
 ``autockpt demo``         train small synthetic models with Lightning and Keras (needs extras).
+``autockpt plan``         the checkpoint interval each policy gives for stated costs, and autockpt's choice.
+``autockpt simulate``     compare checkpoint policies under simulated failures (table and PNG plot).
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-from . import cli_demo, cli_inspect
+from . import cli_demo, cli_inspect, cli_plan, cli_simulate
 
 # name -> (register arguments, run). Later subcommands (plan, simulate, bench) add themselves here.
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 COMMANDS: dict[str, Command] = {
     "inspect": (cli_inspect.add_arguments, cli_inspect.run, cli_inspect.HELP),
     "demo": (cli_demo.add_arguments, cli_demo.run, cli_demo.HELP),
+    "plan": (cli_plan.add_arguments, cli_plan.run, cli_plan.HELP),
+    "simulate": (cli_simulate.add_arguments, cli_simulate.run, cli_simulate.HELP),
 }
 
 

@@ -45,6 +45,26 @@ class Estimates:
             return None
         return max(0.0, self.loaded_iter_time_s / self.iter_time_s - 1.0)
 
+    @property
+    def background_cost_s(self) -> float:
+        """Training time lost per checkpoint to the background persist, beyond the stall.
+
+        During a persist of ``persist_s`` seconds iterations run ``1 + s`` times slower, so
+        about ``persist_s / (t·(1 + s))`` iterations each lose ``t·s``: ``persist_s·s/(1 + s)``.
+        0 while the slowdown or the persist time is unknown.
+        """
+        slow = self.background_slowdown
+        if not slow or self.persist_s is None:
+            return 0.0
+        return self.persist_s * slow / (1.0 + slow)
+
+    @property
+    def checkpoint_cost_s(self) -> float | None:
+        """Training time one checkpoint costs: the stall plus :attr:`background_cost_s`."""
+        if self.stall_s is None:
+            return None
+        return self.stall_s + self.background_cost_s
+
 
 class Profiler:
     """Sliding-window medians of iteration time, stall, persist time and checkpoint bytes."""
@@ -94,7 +114,7 @@ class Profiler:
                 iter_time_s=_median(self._iter),
                 stall_s=_median(self._stall),
                 persist_s=_median(self._persist),
-                checkpoint_bytes=int(_median(self._bytes)) if self._bytes else None,
+                checkpoint_bytes=int(statistics.median(self._bytes)) if self._bytes else None,
                 loaded_iter_time_s=statistics.fmean(self._loaded_iter) if self._loaded_iter else None,
                 iterations_seen=self._iterations,
                 checkpoints_seen=self._checkpoints,

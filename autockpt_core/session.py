@@ -23,10 +23,11 @@ import logging
 import time
 from typing import IO, Any, Callable
 
+from .adjusters import adjusters_from_config
 from .buffers import BufferPool
 from .config import Config
 from .manifest import CheckpointRecord, find_latest_valid, read_manifest
-from .policy import CheckpointPolicy, Decision, IntervalAdjuster
+from .policy import AdjusterSpec, CheckpointPolicy, Decision
 from .profiler import Estimates, Profiler
 from .storage import Storage, storage_for
 from .summary import RunSummary
@@ -68,7 +69,7 @@ class CheckpointSession:
         buffers: BufferPool[Any] | None = None,
         storage: Storage | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        interval_adjuster: IntervalAdjuster | None = None,
+        interval_adjuster: AdjusterSpec = None,
     ) -> None:
         self.config = config
         self.framework = framework
@@ -77,7 +78,9 @@ class CheckpointSession:
         self.buffers: BufferPool[Any] = buffers if buffers is not None else BufferPool()
         self.clock = clock
         self.profiler = Profiler(config.warmup_steps, config.profile_window)
-        self.policy = CheckpointPolicy(config, interval_adjuster)
+        # Explicit adjusters replace the ones the config asks for (adaptive, front_loaded).
+        adjusters = interval_adjuster if interval_adjuster is not None else adjusters_from_config(config)
+        self.policy = CheckpointPolicy(config, adjusters)
         self.writer = CheckpointWriter(
             self.storage,
             config.keep_last,
@@ -140,7 +143,8 @@ class CheckpointSession:
         self._loaded_since_last_step = self.writer.busy
         if loss is not None:
             self._last_loss = float(loss)
-        decision = self.policy.decide(step, now, self.profiler.estimates(), self.writer.busy)
+        step_loss = self._last_loss if loss is not None else None  # the policy sees this step's loss only
+        decision = self.policy.decide(step, now, self.profiler.estimates(), self.writer.busy, loss=step_loss)
         self.last_decision = decision
         return decision
 
@@ -151,11 +155,11 @@ class CheckpointSession:
         snapshot: SnapshotFn,
         meta: dict[str, Any] | None = None,
         reason: str = "",
-    ) -> None:
+    ) -> float:
         """Phase 1 on this thread (snapshot, timed as stall), phase 2 handed to the writer.
 
         Waits for an in-flight persist first (the buffers are about to be overwritten); that
-        wait counts as stall.
+        wait counts as stall. Returns the stall in seconds.
         """
         start = self.clock()
         self.writer.wait()
@@ -183,6 +187,7 @@ class CheckpointSession:
         self._checkpoints += 1
         self._newest_step = step
         self._newest_name = job.name
+        return stall
 
     def _on_persisted(self, record: CheckpointRecord, seconds: float) -> None:
         self.profiler.record_persist(seconds)

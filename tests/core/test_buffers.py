@@ -50,3 +50,20 @@ def test_custom_allocator() -> None:
     pool.end_round()
     assert calls == [((3, 2), np.float32)]
     assert pool.total_bytes == 24
+
+
+def test_size_bookkeeping_is_linear_in_the_number_of_buffers() -> None:
+    calls = 0
+
+    def nbytes(buffer: np.ndarray) -> int:
+        nonlocal calls
+        calls += 1
+        return int(buffer.nbytes)
+
+    pool: BufferPool[np.ndarray] = BufferPool(nbytes=nbytes)
+    pool.begin_round()
+    for i in range(2000):
+        pool.get(i, (2,), np.float32)
+    pool.end_round()
+    assert pool.total_bytes == 2000 * 8 == pool.peak_bytes
+    assert calls <= 2000  # not once per buffer per allocation (quadratic)

@@ -1,0 +1,164 @@
+"""The Keras checkpoint file: a standard safetensors file plus string metadata.
+
+Tensors are stored under the keys of :mod:`autockpt_keras.state` (``model/...``,
+``optimizer/...``, ``metrics/...``). The safetensors header's ``__metadata__`` holds:
+
+``format`` ("autockpt-keras"), ``format_version`` ("1"), ``step`` (optimizer iterations),
+``epoch`` (0-based epoch the step belongs to), ``batch`` (0-based batch index in that epoch,
+"-1" if unknown), ``next_epoch`` (the epoch ``fit()`` resumes at), ``backend``,
+``keras_version`` and ``variables`` (JSON list of the keys in collection order).
+
+Any safetensors reader opens the file (``safetensors.numpy.load_file``); the writer streams
+from the snapshot buffers (``autockpt_core.write_tensor_file``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import os
+from typing import IO, Mapping
+
+import numpy as np
+
+from autockpt_core import (
+    CheckpointRecord,
+    Snapshot,
+    find_latest_valid,
+    read_tensor_file,
+    storage_for,
+    write_tensor_file,
+)
+from autockpt_core.storage import Storage
+
+FRAMEWORK = "keras"
+SUFFIX = ".safetensors"
+FORMAT = "autockpt-keras"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What a Keras checkpoint file says about itself."""
+
+    path: str
+    step: int
+    epoch: int | None
+    batch: int | None
+    next_epoch: int
+    backend: str | None
+    keras_version: str | None
+    keys: tuple[str, ...]
+
+
+def file_metadata(
+    *, step: int, epoch: int | None, batch: int | None, next_epoch: int, backend: str, keras_version: str,
+    keys: list[str],
+) -> dict[str, str]:
+    """The safetensors ``__metadata__`` (strings only) for one checkpoint."""
+    return {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "step": str(step),
+        "epoch": "-1" if epoch is None else str(epoch),
+        "batch": "-1" if batch is None else str(batch),
+        "next_epoch": str(next_epoch),
+        "backend": backend,
+        "keras_version": keras_version,
+        "variables": json.dumps(keys),
+    }
+
+
+def make_snapshot(arrays: dict[str, np.ndarray], metadata: Mapping[str, str]) -> Snapshot:
+    """A :class:`Snapshot` whose ``write`` streams ``arrays`` (pool buffers) as safetensors."""
+    header = dict(metadata)
+
+    def write(out: IO[bytes]) -> int:
+        return write_tensor_file(out, arrays, header)
+
+    nbytes = sum(int(a.nbytes) for a in arrays.values())
+    return Snapshot(write=write, nbytes=nbytes)
+
+
+def read_checkpoint_bytes(data: bytes | memoryview, path: str) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Parse one checkpoint file's bytes into arrays and :class:`CheckpointInfo`."""
+    arrays, meta = read_tensor_file(data)
+    keys = tuple(json.loads(meta["variables"])) if "variables" in meta else tuple(arrays)
+    epoch = _opt_int(meta.get("epoch"))
+    info = CheckpointInfo(
+        path=path,
+        step=int(meta.get("step", 0)),
+        epoch=epoch,
+        batch=_opt_int(meta.get("batch")),
+        next_epoch=int(meta.get("next_epoch", epoch or 0)),
+        backend=meta.get("backend"),
+        keras_version=meta.get("keras_version"),
+        keys=keys,
+    )
+    return arrays, info
+
+
+def _opt_int(text: str | None) -> int | None:
+    if text is None or text == "-1":
+        return None
+    return int(text)
+
+
+def read_local_file(path: str) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Read a checkpoint file through a memory map: each tensor is copied out once, so the
+    peak memory is about one copy of the state (not two, as with reading the bytes first)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ValueError(f"{path} is empty")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                return read_checkpoint_bytes(view, path)
+            finally:
+                view.release()
+
+
+def read_record(storage: Storage, record: CheckpointRecord) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Read the checkpoint a manifest record names."""
+    path = storage.local_path(record.name)
+    if path is not None:
+        return read_local_file(path)
+    with storage.open_read(record.name) as f:
+        data = f.read()
+    return read_checkpoint_bytes(data, f"{storage.location.rstrip('/')}/{record.name}")
+
+
+def latest_record(dirpath: str | os.PathLike[str]) -> tuple[Storage, CheckpointRecord | None]:
+    """The storage for ``dirpath`` and its newest Keras checkpoint that verifies (or None)."""
+    storage = storage_for(dirpath)
+    return storage, find_latest_valid(storage, framework=FRAMEWORK)
+
+
+def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
+    """Path (or URL) of the newest valid Keras checkpoint in ``dirpath``, or None.
+
+    "Valid" means listed in the manifest with a matching size and checksum; a corrupt newest
+    file is skipped with a warning and the previous one is returned.
+    """
+    storage, record = latest_record(dirpath)
+    if record is None:
+        return None
+    return storage.local_path(record.name) or f"{storage.location.rstrip('/')}/{record.name}"
+
+
+def load_checkpoint(source: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Arrays and info of a checkpoint file, or of the newest valid one in a directory.
+
+    Raises ``FileNotFoundError`` when ``source`` is a directory without a Keras checkpoint.
+    """
+    text = os.fspath(source)
+    if os.path.isfile(text):
+        return read_local_file(text)
+    storage, record = latest_record(text)
+    if record is None:
+        raise FileNotFoundError(
+            f"no valid autockpt Keras checkpoint in {text!r}. Fix: pass the dirpath an "
+            "AutoCheckpoint callback wrote to, or the path of a .safetensors checkpoint file."
+        )
+    return read_record(storage, record)

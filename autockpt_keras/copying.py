@@ -1,0 +1,149 @@
+"""Copy live Keras variables into the session's reusable numpy buffers (phase 1, the stall).
+
+One copier per backend, each avoiding a fresh numpy allocation per variable:
+
+- TensorFlow: one ``tf.function`` reads every variable in a single dispatch; on CPU the
+  returned tensors alias the variables' buffers, and ``np.copyto`` copies them into the
+  pool's buffers (measured on 2 CPU cores: 12.6 MB in 26 variables 2.1 ms vs 5.6 ms for
+  ``v.numpy()`` + copy; 242 small variables 2.7 ms vs 12.4 ms).
+- torch: on CPU, ``np.copyto(buffer, v.value.detach().numpy())`` (the numpy view aliases the
+  tensor; one memcpy in the calling thread). Not ``torch.from_numpy(buffer).copy_(...)``:
+  that splits large copies over torch's intra-op threads and waits for all of them, which on
+  a busy 2-core machine measured 70-100 ms for 102 MB vs 13-14 ms for ``np.copyto``. On
+  other devices ``copy_`` does the device-to-host copy. bfloat16 is copied bit-for-bit
+  through an int16 view.
+- anything else: ``np.copyto(buffer, v.numpy())`` (one temporary per variable).
+
+Threading: training thread only, between steps (the session calls it inside ``save``). The
+returned dict maps keys to pool buffers; they stay valid until the next snapshot, which the
+session starts only after the previous persist finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from autockpt_core import BufferPool
+
+from .state import StateEntry
+
+log = logging.getLogger("autockpt")
+
+
+Copier = Callable[[Sequence[StateEntry], BufferPool[Any]], dict[str, np.ndarray]]
+"""Copies ``entries`` into ``pool`` buffers; returns key -> buffer in entry order."""
+
+
+def copier_for(backend: str) -> Copier:
+    """The cheapest available copier for a Keras backend name."""
+    if backend == "tensorflow":
+        return TensorFlowCopier()
+    if backend == "torch":
+        return torch_copy
+    return generic_copy
+
+
+def generic_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
+    """Backend-neutral: ``v.numpy()`` then a copy into the pooled buffer."""
+    out: dict[str, np.ndarray] = {}
+    for entry in entries:
+        src = np.asarray(entry.variable.numpy())
+        buf = pool.get(entry.key, src.shape, src.dtype)
+        np.copyto(buf, src, casting="no")
+        out[entry.key] = buf
+    return out
+
+
+class TensorFlowCopier:
+    """Batched read of all variables through one cached ``tf.function``.
+
+    The function is rebuilt when the set of variables changes (e.g. the optimizer was built
+    after the first snapshot). If it cannot be built or run (e.g. distributed variables), the
+    copier falls back to :func:`generic_copy` and logs why, once.
+    """
+
+    def __init__(self) -> None:
+        self._variables: tuple[Any, ...] = ()
+        self._reader: Callable[[], Any] | None = None
+        self._fallback = False
+
+    def __call__(self, entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
+        if self._fallback:
+            return generic_copy(entries, pool)
+        try:
+            tensors = self._read(entries)
+        except Exception as exc:  # not swallowed: logged, and the generic path is exact too
+            log.warning("autockpt: batched TensorFlow read unavailable (%s: %s); copying per variable",
+                        type(exc).__name__, exc)
+            self._fallback = True
+            return generic_copy(entries, pool)
+        out: dict[str, np.ndarray] = {}
+        for entry, tensor in zip(entries, tensors):
+            src = _tf_host_view(tensor)
+            buf = pool.get(entry.key, src.shape, src.dtype)
+            np.copyto(buf, src, casting="no")
+            out[entry.key] = buf
+        del tensors  # drop the aliases before training writes the variables again
+        return out
+
+    def _read(self, entries: Sequence[StateEntry]) -> list[Any]:
+        return list(self._reader_for(entries)())
+
+    def _reader_for(self, entries: Sequence[StateEntry]) -> Any:
+        import tensorflow as tf
+
+        variables = tuple(e.variable.value for e in entries)
+        if self._reader is None or len(variables) != len(self._variables) or any(
+            a is not b for a, b in zip(variables, self._variables)
+        ):
+            captured = list(variables)
+            self._reader = tf.function(lambda: [v.read_value() for v in captured], autograph=False)
+            self._variables = variables
+        return self._reader
+
+
+def _tf_host_view(tensor: Any) -> np.ndarray:
+    # EagerTensor._numpy() returns a view of a CPU tensor's buffer (no copy); .numpy() copies.
+    view = getattr(tensor, "_numpy", None)
+    return np.asarray(view() if view is not None else tensor.numpy())
+
+
+def torch_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
+    """Copy each torch tensor into its numpy buffer without a temporary.
+
+    CPU tensors: ``np.copyto`` from the tensor's numpy alias (one memcpy in this thread).
+    Other devices: ``torch.from_numpy(buffer).copy_(tensor)`` (the device-to-host copy).
+    """
+    import torch
+
+    out: dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        for entry in entries:
+            tensor = entry.variable.value.detach()
+            dtype = _numpy_dtype_of(tensor.dtype)
+            buf = pool.get(entry.key, tuple(tensor.shape), dtype)
+            bf16 = tensor.dtype == torch.bfloat16  # numpy has no bfloat16: copy the bits
+            if tensor.device.type == "cpu":
+                src = tensor.view(torch.int16).numpy() if bf16 else tensor.numpy()
+                np.copyto(buf.view(np.int16) if bf16 else buf, src, casting="no")
+            elif bf16:
+                torch.from_numpy(buf.view(np.int16)).copy_(tensor.view(torch.int16))
+            else:
+                torch.from_numpy(buf).copy_(tensor)
+            out[entry.key] = buf
+    return out
+
+
+def _numpy_dtype_of(torch_dtype: Any) -> Any:
+    name = str(torch_dtype).rsplit(".", 1)[-1]  # "torch.float32" -> "float32"
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"autockpt cannot snapshot torch dtype {torch_dtype}") from None

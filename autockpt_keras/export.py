@@ -1,0 +1,54 @@
+"""Using checkpoints outside ``fit()``: load them into a model, or leave autockpt's format.
+
+``restore(model, source)`` loads the full training state (weights, optimizer, metrics) into a
+built model, e.g. for evaluation or a custom loop. ``export_weights(source, filepath, model)``
+loads only the model's variables and writes a regular Keras ``.weights.h5`` file, which
+``model.load_weights`` reads without autockpt.
+
+``source`` is a checkpoint directory (its newest valid checkpoint is used) or the path of one
+``.safetensors`` checkpoint file. Both functions run on the calling thread and must not run
+while ``fit()`` is training the same model.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .checkpoint_file import CheckpointInfo, load_checkpoint
+from .state import GROUPS, assign_state, collect_state, ensure_built
+
+
+def restore(
+    model: Any, source: str | os.PathLike[str], *, include_optimizer: bool = True
+) -> CheckpointInfo:
+    """Load a checkpoint's state into ``model`` and return what the checkpoint says about itself.
+
+    The model must be built (``keras.Input`` or ``model.build``); a compiled model's optimizer
+    is built here if needed, so its slots can be assigned. With ``include_optimizer=False`` (or
+    an uncompiled model) only the model's variables are loaded. Raises
+    :class:`~autockpt_keras.state.StateMismatchError` (nothing assigned) if the checkpoint
+    belongs to another architecture, ``FileNotFoundError`` if ``source`` has no checkpoint.
+    """
+    arrays, info = load_checkpoint(source)
+    has_optimizer = getattr(model, "optimizer", None) is not None
+    groups = GROUPS if include_optimizer and has_optimizer else ("model",)
+    ensure_built(model)  # builds a compiled model's optimizer; raises with the fix if unbuilt
+    assign_state(collect_state(model, groups), arrays, order=info.keys, groups=groups)
+    return info
+
+
+def export_weights(source: str | os.PathLike[str], filepath: str | os.PathLike[str] | None, model: Any) -> str | None:
+    """Write the checkpoint's model weights as a Keras ``.weights.h5`` file (or just load them).
+
+    Loads the ``model`` group (trainable and non-trainable variables) of the checkpoint into
+    ``model`` (same architecture, built), then calls ``model.save_weights(filepath)``; with
+    ``filepath=None`` it only loads. Returns ``filepath``. Keras requires the name to end in
+    ``.weights.h5``.
+    """
+    restore(model, source, include_optimizer=False)
+    if filepath is None:
+        return None
+    path = os.fspath(filepath)
+    model.save_weights(path)
+    return path

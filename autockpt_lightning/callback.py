@@ -1,0 +1,379 @@
+"""``AutoCheckpoint``: the Lightning callback that drives a :class:`CheckpointSession`.
+
+The callback only maps Lightning hooks to session calls; when to checkpoint is decided by the
+core policy. Call order (all on the training thread)::
+
+    __init__            build and validate the Config (a bad value raises ConfigError here)
+    setup("fit")        check the strategy is supported (single device or DDP)
+    on_fit_start        create the session (global rank 0); when fit() got no ckpt_path and
+                        resume=True, restore the newest valid checkpoint (all ranks)
+    on_train_start      session.start(global_step)                 (after any restore)
+    on_train_batch_end  once per optimizer step (global_step advanced; gradient accumulation
+                        skips the other batches): session.step_end(step, loss); when it says
+                        save: session.save(...), whose snapshot callable runs
+                        dump_checkpoint() and copies every tensor into the session's reusable
+                        host buffers before the hook returns; torch.save() of that copy runs
+                        in the session's background writer thread
+    on_train_end        session.finish() (waits for the last persist, raises its error), logs
+                        the metrics and prints the summary line when verbose
+    on_exception        waits for the in-flight persist; a persist error is logged and never
+                        replaces the exception that stopped training
+
+Distributed training: only global rank 0 owns a session, measures, decides and writes. Every
+other rank follows: the decision is agreed with one small all-reduce per optimizer step and
+all ranks call ``dump_checkpoint`` together (as ``trainer.save_checkpoint`` requires), but
+only rank 0 copies and writes. The resume path is broadcast from rank 0. Limitations:
+sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused, since they write sharded
+checkpoints through their own save path; ``dirpath`` must be readable by every rank for
+resume; a persist error raised on rank 0 stops rank 0 only and the other ranks rely on the
+launcher to tear them down. Tested on one process and on two CPU processes (gloo DDP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+from autockpt_core import (
+    AutockptError,
+    BufferPool,
+    CheckpointSession,
+    Config,
+    ConfigError,
+    Decision,
+    Snapshot,
+    Storage,
+    find_latest_valid,
+    storage_for,
+)
+from autockpt_torch import save_tree, snapshot_tree, torch_buffer_pool
+
+__all__ = ["AutoCheckpoint", "CheckpointEvent", "latest_checkpoint"]
+
+log = logging.getLogger("autockpt")
+
+FRAMEWORK = "lightning"
+SUFFIX = ".ckpt"
+
+# Config's defaults, so the signature below shows (and jsonargparse sees) the real values
+# without restating them here.
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointEvent:
+    """One checkpoint this callback took: what the policy said and what it cost.
+
+    ``stall_s`` is the time ``session.save`` blocked the training thread (dump_checkpoint and
+    the copy, plus any wait for the previous persist); ``nbytes`` is the tensor payload copied.
+    """
+
+    step: int
+    epoch: int
+    reason: str
+    interval_steps: int | None
+    interval_rule: str | None
+    stall_s: float
+    nbytes: int
+
+
+class AutoCheckpoint(Callback):
+    """Checkpoint automatically within an overhead budget, and resume automatically.
+
+    Usage::
+
+        trainer = Trainer(callbacks=[AutoCheckpoint("ckpts", overhead_budget="2%")])
+        trainer.fit(model, datamodule)   # rerun the same script: it resumes
+
+    Every keyword mirrors a field of :class:`autockpt_core.Config` (see its docstring), so a
+    LightningCLI YAML can say ``class_path: autockpt_lightning.AutoCheckpoint`` with
+    ``init_args``. Alternatively pass a built ``config``; then the keywords that differ from
+    their defaults override it. ``storage`` replaces the storage ``dirpath`` would select
+    (tests, custom backends).
+
+    Checkpoints are standard Lightning ``.ckpt`` files (``trainer.fit(ckpt_path=...)`` and
+    ``LightningModule.load_from_checkpoint`` accept them) named ``ckpt-step<N>.ckpt`` in
+    ``dirpath``, listed with checksums in ``autockpt-manifest.json``. The default
+    ``ModelCheckpoint`` can stay enabled: the two never touch each other's files.
+
+    Attributes (global rank 0, for the current or last fit):
+        events: the checkpoints taken, as :class:`CheckpointEvent` records.
+        resumed_from: the step auto-resume restored, or None.
+        session: the :class:`CheckpointSession` (estimates, last decision, summary).
+    """
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        *,
+        overhead_budget: float | str = _DEFAULTS["overhead_budget"],
+        mtbf: float | str | None = _DEFAULTS["mtbf"],
+        every_n_steps: int | None = _DEFAULTS["every_n_steps"],
+        min_interval: float | str | None = _DEFAULTS["min_interval"],
+        max_interval: float | str | None = _DEFAULTS["max_interval"],
+        keep_last: int = _DEFAULTS["keep_last"],
+        warmup_steps: int = _DEFAULTS["warmup_steps"],
+        profile_window: int = _DEFAULTS["profile_window"],
+        async_persist: bool = _DEFAULTS["async_persist"],
+        resume: bool = _DEFAULTS["resume"],
+        schedule: str = _DEFAULTS["schedule"],
+        adaptive: bool = _DEFAULTS["adaptive"],
+        verbose: bool = _DEFAULTS["verbose"],
+        total_steps: int | None = _DEFAULTS.get("total_steps"),
+        config: Config | None = None,
+        storage: Storage | None = None,
+    ) -> None:
+        super().__init__()
+        values: dict[str, Any] = {
+            "overhead_budget": overhead_budget,
+            "mtbf": mtbf,
+            "every_n_steps": every_n_steps,
+            "min_interval": min_interval,
+            "max_interval": max_interval,
+            "keep_last": keep_last,
+            "warmup_steps": warmup_steps,
+            "profile_window": profile_window,
+            "async_persist": async_persist,
+            "resume": resume,
+            "schedule": schedule,
+            "adaptive": adaptive,
+            "verbose": verbose,
+            "total_steps": total_steps,
+        }
+        values = {k: v for k, v in values.items() if k in _DEFAULTS}
+        if config is None:
+            if dirpath is None:
+                raise ConfigError(
+                    "dirpath", None, "is required", "pass AutoCheckpoint(dirpath='ckpts') or config=Config(...)"
+                )
+            self.config = Config(dirpath=os.fspath(dirpath), **values)
+        else:
+            if not isinstance(config, Config):
+                raise TypeError(f"config must be an autockpt_core.Config, got {type(config).__name__}")
+            changed = {k: v for k, v in values.items() if v != _DEFAULTS[k]}
+            if dirpath is not None:
+                changed["dirpath"] = os.fspath(dirpath)
+            self.config = config.replace(**changed) if changed else config
+        self._storage = storage
+        self._session: CheckpointSession | None = None
+        self._finished = False
+        self._last_step: int | None = None
+        self._logged_interval: int | None = None
+        self.events: list[CheckpointEvent] = []
+        self.resumed_from: int | None = None
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
+        """Build from a YAML or TOML file (see :meth:`Config.from_file`); ``overrides`` win."""
+        return cls(config=Config.from_file(path, **overrides))
+
+    @property
+    def session(self) -> CheckpointSession | None:
+        """The session of the current (or last) fit on global rank 0; None elsewhere or before fit."""
+        return self._session
+
+    # -- Lightning hooks -----------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        strategy = trainer.strategy
+        # The resume route in on_fit_start needs modules restored before on_fit_start, and
+        # sharded strategies write through their own (sharded) save path.
+        if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or strategy.restore_checkpoint_after_setup:
+            raise AutockptError(
+                f"AutoCheckpoint supports single-device and DDP training, not {type(strategy).__name__}. "
+                "Fix: use strategy='ddp' (or a single device), or checkpoint sharded models with ModelCheckpoint."
+            )
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._session = self._new_session() if trainer.is_global_zero else None
+        self._finished = False
+        self._last_step = None
+        self._logged_interval = None
+        self.events = []
+        self.resumed_from = None
+        if self.config.resume:
+            self._auto_resume(trainer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_step = trainer.global_step
+        if self._session is not None:
+            self._session.start(trainer.global_step)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = trainer.global_step
+        if step == self._last_step:  # accumulating gradients: no optimizer step in this batch
+            return
+        self._last_step = step
+        session = self._session
+        decision: Decision | None = None
+        if session is not None:
+            decision = session.step_end(step, loss=_loss_value(outputs))
+        save = decision is not None and decision.save
+        if trainer.world_size > 1:  # rank 0 decided; the others follow
+            save = trainer.strategy.reduce_boolean_decision(save, all=False)
+        if save:
+            self._save(trainer, step, decision.reason if decision is not None else "")
+        elif session is not None and decision is not None and decision.interval is not None:
+            if decision.interval.steps != self._logged_interval:
+                self._log_metrics(trainer, session)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        session = self._session
+        if session is None or self._finished:
+            return
+        self._finished = True
+        summary = session.finish()  # waits for the last persist; raises CheckpointWriteError
+        self._log_metrics(trainer, session)
+        if self.config.verbose:
+            print(summary.line(), flush=True)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        session = self._session
+        if session is None or self._finished:
+            return
+        self._finished = True
+        try:
+            session.finish()  # let the in-flight persist complete: it may be the newest state
+        except Exception as err:  # never replace the exception that stopped training
+            log.error("autockpt: the checkpoint in flight when training failed was not persisted: %s", err)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _new_session(self) -> CheckpointSession:
+        return CheckpointSession(
+            self.config,
+            framework=FRAMEWORK,
+            suffix=SUFFIX,
+            buffers=torch_buffer_pool(),
+            storage=self._storage,
+        )
+
+    def _auto_resume(self, trainer: pl.Trainer) -> None:
+        # Auto-resume route (lightning 2.6). Trainer._run restores modules and callbacks from
+        # fit()'s ckpt_path before on_fit_start and loops/optimizers right after it, both from
+        # the connector's preloaded `_loaded_checkpoint`. Restoring modules and callbacks here
+        # with `_restore_modules_and_callbacks(path)` therefore makes Lightning's own
+        # restore_training_state() restore loops, optimizers, schedulers and precision state,
+        # and resume_end() report "Restored all states from ... <our file>". A non-empty
+        # `_loaded_checkpoint` at this point means the user gave a ckpt_path (argument or
+        # trainer.ckpt_path): it wins and nothing is loaded here. Rejected alternatives:
+        # setting trainer.ckpt_path in setup() is too late (_run already holds its own
+        # ckpt_path); the OnExceptionCheckpoint route makes _parse_ckpt_path print a
+        # misleading "ckpt_path=None ... last model of the previous fit" warning on every run
+        # and picks by mtime among ModelCheckpoint's last*.ckpt files too.
+        # A trainer that already trained in this process (a second fit() call) continues from
+        # its in-memory state, which is at least as new as any checkpoint: nothing to load.
+        connector = trainer._checkpoint_connector
+        if connector._loaded_checkpoint or trainer.global_step > 0:
+            return
+        path: str | None = None
+        session = self._session
+        if session is not None:
+            record = session.resume_record()
+            if record is not None:
+                path = _location(session.storage, record.name)
+                self.resumed_from = record.step
+                if self.config.verbose:
+                    print(f"autockpt: resuming from step {record.step}: {path}", flush=True)
+        if trainer.world_size > 1:
+            path = trainer.strategy.broadcast(path, src=0)
+        if path is None:
+            return
+        # Our own file, verified against the manifest's checksum: full unpickling is needed
+        # for hparams such as argparse.Namespace, as with any Lightning .ckpt you trust.
+        # (Lightning releases before `weights_only` existed always unpickled fully.)
+        restore = connector._restore_modules_and_callbacks
+        if "weights_only" in inspect.signature(restore).parameters:
+            restore(path, weights_only=False)
+        else:  # pragma: no cover - older Lightning
+            restore(path)
+
+    def _save(self, trainer: pl.Trainer, step: int, reason: str) -> None:
+        connector = trainer._checkpoint_connector
+        session = self._session
+        if session is None:  # other ranks take part in the collectives of dump_checkpoint
+            connector.dump_checkpoint(weights_only=False)
+            return
+        copied_bytes = 0
+
+        def snapshot(buffers: BufferPool[Any]) -> Snapshot:
+            nonlocal copied_bytes
+            # dump_checkpoint returns live references: copy before returning from the hook.
+            tree, copied_bytes = snapshot_tree(connector.dump_checkpoint(weights_only=False), buffers)
+            return Snapshot(write=lambda f: save_tree(tree, f), nbytes=copied_bytes)
+
+        stall = session.save(step, trainer.current_epoch, snapshot, reason=reason)
+        interval = session.last_decision.interval if session.last_decision is not None else None
+        self.events.append(
+            CheckpointEvent(
+                step=step,
+                epoch=trainer.current_epoch,
+                reason=reason,
+                interval_steps=interval.steps if interval is not None else None,
+                interval_rule=interval.rule if interval is not None else None,
+                stall_s=stall,
+                nbytes=copied_bytes,
+            )
+        )
+        self._log_metrics(trainer, session)
+
+    def _log_metrics(self, trainer: pl.Trainer, session: CheckpointSession) -> None:
+        """Send interval_steps, stall_ms, overhead_pct and the count to every logger (rank 0).
+
+        Called on checkpoints and when the interval changes, not every step; written directly
+        to the loggers so the values are not dropped by ``log_every_n_steps``.
+        """
+        metrics = session.metrics()
+        interval = metrics.get("autockpt/interval_steps")
+        self._logged_interval = int(interval) if interval is not None else None
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _loss_value(outputs: Any) -> float | None:
+    """The scalar loss in ``training_step``'s output (a tensor or a dict with "loss"), if any.
+
+    On CUDA, reading it waits for the step to finish on the device.
+    """
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if isinstance(loss, torch.Tensor):
+        return float(loss.detach()) if loss.numel() == 1 else None
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return float(loss)
+    return None
+
+
+def _location(storage: Storage, name: str) -> str:
+    """A path (local storage) or URL (fsspec storage) Lightning can load ``name`` from."""
+    path = storage.local_path(name)
+    return path if path is not None else f"{storage.location.rstrip('/')}/{name}"
+
+
+def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
+    """Path of the newest Lightning checkpoint in ``dirpath`` whose file matches the manifest.
+
+    Corrupt or torn newer files are skipped with a warning; None when there is none.
+    """
+    storage = storage_for(dirpath)
+    record = find_latest_valid(storage, framework=FRAMEWORK)
+    return None if record is None else _location(storage, record.name)

@@ -1,0 +1,72 @@
+"""Young and Daly against their closed forms (property tests) and Daly's worked values."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autockpt_core import Config, Estimates, choose_interval, daly_interval, young_interval
+
+MIN, HOUR = 60.0, 3600.0
+seconds = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cost=seconds, mtbf=seconds)
+def test_young_is_its_closed_form(cost: float, mtbf: float) -> None:
+    assert young_interval(cost, mtbf) == pytest.approx(math.sqrt(2 * cost * mtbf), rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cost=seconds, mtbf=seconds)
+def test_daly_is_its_closed_form(cost: float, mtbf: float) -> None:
+    if cost >= 2 * mtbf:
+        expected = mtbf
+    else:
+        r = cost / (2 * mtbf)
+        expected = math.sqrt(2 * cost * mtbf) * (1 + math.sqrt(r) / 3 + r / 9) - cost
+    assert daly_interval(cost, mtbf) == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cost=st.floats(1e-3, 1e3), ratio=st.floats(1e3, 1e8))
+def test_daly_tends_to_young_when_failures_are_rare(cost: float, ratio: float) -> None:
+    mtbf = cost * ratio
+    assert daly_interval(cost, mtbf) / young_interval(cost, mtbf) == pytest.approx(1.0, abs=2 / math.sqrt(ratio))
+
+
+@pytest.mark.parametrize(
+    ("mtbf", "minutes", "tol"),
+    [(24 * HOUR, 117.0, 0.5), (6 * HOUR, 57.0, 0.5), (15 * MIN, 9.1, 0.05)],  # Daly 2006, delta = 5 min
+)
+def test_daly_worked_values(mtbf: float, minutes: float, tol: float) -> None:
+    assert daly_interval(5 * MIN, mtbf) / MIN == pytest.approx(minutes, abs=tol)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    t=st.floats(1e-3, 10.0),
+    stall=st.floats(1e-3, 100.0),
+    persist=st.floats(0.0, 600.0),
+    mtbf=st.one_of(st.none(), st.floats(60.0, 1e7)),
+    budget=st.floats(0.005, 0.5),
+)
+def test_choice_is_daly_but_never_denser_than_the_bounds(t, stall, persist, mtbf, budget) -> None:
+    cfg = Config(dirpath="x", overhead_budget=budget, mtbf=mtbf)
+    choice = choose_interval(cfg, Estimates(iter_time_s=t, stall_s=stall, persist_s=persist))
+    c = choice.candidates
+    floor = max(c["budget"], c["persist"])
+    assert choice.steps == max(floor, c.get("daly", 0))
+    assert choice.rule == ("daly" if c.get("daly", 0) > floor else max(("budget", "persist"), key=c.__getitem__))
+    assert stall / (choice.steps * t) <= budget + 1e-9
+
+
+def test_background_slowdown_counts_as_checkpoint_cost() -> None:
+    # persist 2 s during which iterations run 50% slower: 2 * 0.5 / 1.5 = 0.667 s extra per checkpoint
+    est = Estimates(iter_time_s=0.1, stall_s=0.1, persist_s=2.0, loaded_iter_time_s=0.15)
+    assert est.checkpoint_cost_s == pytest.approx(0.1 + 2.0 / 3)
+    choice = choose_interval(Config(dirpath="x", overhead_budget=0.02), est)
+    assert choice.rule == "budget" and choice.steps == math.ceil((0.1 + 2.0 / 3) / (0.02 * 0.1))
+    assert choice.cost_s == pytest.approx(est.checkpoint_cost_s)
+    assert "cost 0.767s per checkpoint" in choice.explain()

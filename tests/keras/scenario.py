@@ -1,0 +1,252 @@
+"""Keras scenarios for test_keras_adapter.py, run in a subprocess per backend and phase.
+
+    KERAS_BACKEND=torch python tests/keras/scenario.py first  WORKDIR
+    KERAS_BACKEND=torch python tests/keras/scenario.py resume WORKDIR
+
+Each phase writes WORKDIR/<phase>.json with what it observed; the test module asserts on it.
+Models are tiny (10 batches per epoch) and named explicitly, so variable paths, and with them
+checkpoint keys, are the same in every process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.faults
+
+import keras  # noqa: E402
+
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+elif keras.backend.backend() == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+from safetensors import safe_open  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+from autockpt_core import CheckpointWriteError, ConfigError, read_manifest, storage_for  # noqa: E402
+from autockpt_keras import AutoCheckpoint, export_weights, latest_checkpoint, restore  # noqa: E402
+from autockpt_keras.callback import LOG_KEYS  # noqa: E402
+from autockpt_keras.state import collect_state, unique_keys  # noqa: E402
+from tests.faults import FailingStorage  # noqa: E402
+
+BATCH = 16
+SAMPLES = 160  # 10 batches per epoch
+EVERY = 3
+
+
+def make_model() -> Any:
+    model = keras.Sequential(
+        [
+            keras.Input((8,), name="x"),
+            keras.layers.Dense(16, activation="relu", name="hidden"),
+            keras.layers.BatchNormalization(name="bn"),  # non-trainable moving statistics
+            keras.layers.Dropout(0.1, name="drop"),  # seed-generator state
+            keras.layers.Dense(1, name="out"),
+        ],
+        name="net",
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-2, name="adam"), loss="mse", metrics=["mae"])
+    return model
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(SAMPLES, 8)).astype("float32")
+    return x, (x @ rng.normal(size=(8, 1))).astype("float32")
+
+
+class Probe(keras.callbacks.Callback):
+    """Placed after AutoCheckpoint: sees the state right after the restore, and the epochs."""
+
+    def __init__(self, auto: AutoCheckpoint) -> None:
+        super().__init__()
+        self.auto = auto
+        self.out: dict[str, Any] = {"epochs": [], "batch_end_steps": []}
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.out["iterations_at_begin"] = int(self.model.optimizer.iterations.numpy())
+        info = self.auto.restored
+        self.out["restored"] = None if info is None else {
+            "path": info.path, "step": info.step, "epoch": info.epoch, "next_epoch": info.next_epoch,
+        }
+        if info is not None:  # compare every model and optimizer variable with the file
+            saved = load_file(info.path)
+            mismatched = []
+            compared = 0
+            for entry in collect_state(self.model, ("model", "optimizer")):
+                compared += 1
+                value = np.asarray(entry.variable.numpy())
+                if entry.key not in saved or not np.array_equal(value, saved[entry.key].astype(value.dtype)):
+                    mismatched.append(entry.key)
+            self.out["restore_compared"] = compared
+            self.out["restore_mismatched"] = mismatched
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.out["epochs"].append(epoch)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.out["batch_end_steps"].append(int(self.model.optimizer.iterations.numpy()))
+
+
+def train(dirpath: Path, epochs: int, **kwargs: Any) -> dict[str, Any]:
+    model = make_model()
+    auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=100, warmup_steps=2, verbose=False, **kwargs)
+    probe = Probe(auto)
+    x, y = data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[auto, probe])
+    out = probe.out
+    out["history"] = {k: [float(v) for v in vals] for k, vals in history.history.items()}
+    out["events"] = [
+        {"step": e.step, "epoch": e.epoch, "batch": e.batch, "next_epoch": e.next_epoch, "reason": e.reason,
+         "nbytes": e.nbytes, "stall_s": e.stall_s}
+        for e in auto.events
+    ]
+    out["iterations_at_end"] = int(model.optimizer.iterations.numpy())
+    out["latest"] = latest_checkpoint(dirpath)
+    out["summary"] = auto.summary.line() if auto.summary else None
+    return out
+
+
+def files_report(dirpath: Path) -> list[dict[str, Any]]:
+    """Each checkpoint of the manifest, read back with safetensors' own reader."""
+    report = []
+    for record in read_manifest(storage_for(dirpath)):
+        path = str(dirpath / record.name)
+        arrays = load_file(path)
+        with safe_open(path, framework="numpy") as f:
+            meta = f.metadata()
+        report.append({
+            "name": record.name, "step": record.step, "reason": record.meta.get("reason"),
+            "keys": sorted(arrays), "meta": meta,
+            "iteration_value": int(arrays["optimizer/adam/iteration"]),
+        })
+    return report
+
+
+def config_errors(workdir: Path) -> dict[str, Any]:
+    bad = {"overhead_budget": 2.0, "every_n_steps": 0, "keep_last": 0, "schedule": "weird"}
+    raised = {}
+    for field, value in bad.items():
+        try:
+            AutoCheckpoint(workdir / "never", **{field: value})
+            raised[field] = None
+        except ConfigError as exc:
+            raised[field] = exc.field
+    try:
+        AutoCheckpoint()
+        raised["dirpath"] = None
+    except ConfigError as exc:
+        raised["dirpath"] = exc.field
+    good = workdir / "autockpt.yaml"
+    good.write_text("autockpt:\n  dirpath: from-yaml\n  overhead_budget: 3%\n  keep_last: 7\n")
+    from_file = AutoCheckpoint.from_config(good, keep_last=5)
+    badfile = workdir / "bad.toml"
+    badfile.write_text("[autockpt]\ndirpath = 'x'\noverhead_budjet = 0.01\n")
+    try:
+        AutoCheckpoint.from_config(badfile)
+        raised["file"] = None
+    except ConfigError as exc:
+        raised["file"] = exc.field
+    return {
+        "raised": raised,
+        "from_file": {"dirpath": from_file.config.dirpath, "budget": from_file.config.overhead_budget,
+                      "keep_last": from_file.config.keep_last},
+        "unique_keys": unique_keys(["a", "b", "a", "a#2", "a"]),
+    }
+
+
+def storage_failure(workdir: Path) -> dict[str, Any]:
+    """The 3rd checkpoint's write fails in the writer thread; fit() must raise it."""
+    dirpath = workdir / "failing"
+    storage = FailingStorage(dirpath)
+    model = make_model()
+    auto = AutoCheckpoint(dirpath, every_n_steps=2, warmup_steps=0, verbose=False, storage=storage)
+
+    class ArmOnThird(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            storage.armed = len(auto.events) >= 2  # the next checkpoint (the 3rd) fails
+
+    x, y = data()
+    out: dict[str, Any] = {}
+    try:
+        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[ArmOnThird(), auto])
+        out["raised"] = None
+    except CheckpointWriteError as exc:
+        out["raised"] = type(exc).__name__
+        out["cause"] = type(exc.__cause__).__name__
+        out["message"] = str(exc)
+    out["iterations_when_raised"] = int(model.optimizer.iterations.numpy())
+    out["event_steps"] = [e.step for e in auto.events]
+    out["latest"] = latest_checkpoint(dirpath)
+    out["files"] = sorted(os.listdir(dirpath))
+    out["failures"] = storage.failures
+    return out
+
+
+def outside_fit(workdir: Path) -> dict[str, Any]:
+    """restore() and export_weights() on fresh models, outside fit()."""
+    source = workdir / "run"
+    latest = latest_checkpoint(source)
+    model = make_model()
+    info = restore(model, source)
+    saved = load_file(latest)
+    kernel_equal = bool(np.array_equal(model.get_layer("out").kernel.numpy(), saved["model/net/out/kernel"]))
+    target = make_model()
+    h5 = export_weights(source, workdir / "exported.weights.h5", target)
+    fresh = make_model()
+    fresh.load_weights(h5)
+    weights_equal = all(np.array_equal(a, b) for a, b in zip(fresh.get_weights(), model.get_weights()))
+    return {
+        "restore_step": info.step,
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "kernel_equal": kernel_equal,
+        "export_weights_equal": weights_equal,
+    }
+
+
+def main() -> None:
+    phase, workdir = sys.argv[1], Path(sys.argv[2])
+    result: dict[str, Any] = {"backend": keras.backend.backend()}
+    try:
+        if phase == "first":
+            import autockpt_keras
+
+            result["api"] = {
+                "all": sorted(autockpt_keras.__all__),
+                "public": sorted(
+                    n for n in dir(autockpt_keras)
+                    if not n.startswith("_") and type(getattr(autockpt_keras, n)).__name__ != "module"
+                ),
+            }
+            result["config"] = config_errors(workdir)
+            result["run"] = train(workdir / "run", epochs=2)
+            result["run_files"] = files_report(workdir / "run")
+            result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
+            result["failure"] = storage_failure(workdir)
+        elif phase == "resume":
+            result["run"] = train(workdir / "run", epochs=4)
+            result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
+            result["outside"] = outside_fit(workdir)
+        else:
+            raise SystemExit(f"unknown phase {phase!r}")
+        result["log_keys"] = sorted(LOG_KEYS)
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    (workdir / f"{phase}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The Keras adapter on the TensorFlow and torch backends.
+
+Each backend runs ``scenario.py`` in two fresh interpreters (the backend is fixed at import):
+``first`` trains for 2 epochs, ``resume`` reruns with 4 epochs in the same directories. The
+scenarios write JSON; these tests only read it. No timing assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("scenario.py")
+BACKENDS = ["tensorflow", "torch"]
+
+
+def _run_phase(backend: str, phase: str, workdir: Path) -> dict[str, Any]:
+    env = dict(
+        os.environ,
+        KERAS_BACKEND=backend,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TF_NUM_INTRAOP_THREADS="1",
+        TF_NUM_INTEROP_THREADS="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), phase, str(workdir)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    out = workdir / f"{phase}.json"
+    assert out.exists(), f"{backend}/{phase} wrote no result (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert "error" not in result, f"{backend}/{phase} failed:\n{result['error']}"
+    assert result["backend"] == backend
+    return result
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    workdir = tmp_path_factory.mktemp(f"keras-{request.param}")
+    first = _run_phase(request.param, "first", workdir)
+    resume = _run_phase(request.param, "resume", workdir)
+    return {"first": first, "resume": resume}
+
+
+def test_all_is_exactly_the_public_api(results: dict[str, Any]) -> None:
+    api = results["first"]["api"]
+    assert api["all"] == api["public"]
+    assert {"AutoCheckpoint", "latest_checkpoint", "export_weights", "restore"} <= set(api["all"])
+
+
+def test_bad_config_raises_config_error_at_construction(results: dict[str, Any]) -> None:
+    config = results["first"]["config"]
+    for field, raised_for in config["raised"].items():
+        expected = "overhead_budjet" if field == "file" else field
+        assert raised_for == expected, f"{field}: no ConfigError naming it"
+    assert config["from_file"] == {"dirpath": "from-yaml", "budget": 0.03, "keep_last": 5}
+
+
+def test_keys_are_unique_and_deterministic(results: dict[str, Any]) -> None:
+    assert results["first"]["config"]["unique_keys"] == ["a", "b", "a#2", "a#2#2", "a#3"]
+
+
+def test_history_has_the_autockpt_keys_every_epoch(results: dict[str, Any]) -> None:
+    for phase, epochs in (("first", 2), ("resume", 2)):
+        run = results[phase]["run"]
+        for key in results[phase]["log_keys"]:
+            assert len(run["history"][key]) == epochs, (phase, key)
+        assert run["history"]["autockpt_checkpoints"][-1] == len(
+            [e for e in run["events"] if e["reason"] != "end of training"]
+        )
+        assert all(v == 3.0 for v in run["history"]["autockpt_interval_steps"])
+
+
+def test_every_n_steps_spacing_is_exact(results: dict[str, Any]) -> None:
+    first = [e["step"] for e in results["first"]["run"]["events"] if e["reason"].startswith("every_n_steps")]
+    resumed = [e["step"] for e in results["resume"]["run"]["events"] if e["reason"].startswith("every_n_steps")]
+    assert first == [3, 6, 9, 12, 15, 18]
+    assert resumed == [21, 24, 27, 30, 33, 36, 39]
+    finals = [(e["step"], e["next_epoch"]) for e in results["first"]["run"]["events"] if e["reason"] == "end of training"]
+    assert finals == [(20, 2)]
+
+
+def test_checkpoint_files_are_standard_safetensors(results: dict[str, Any]) -> None:
+    files = results["first"]["run_files"]
+    assert [f["step"] for f in files] == [3, 6, 9, 12, 15, 18, 20]
+    for f in files:
+        assert f["name"].endswith(".safetensors")
+        assert f["iteration_value"] == f["step"]  # optimizer.iterations is the global step
+        assert f["meta"]["format"] == "autockpt-keras"
+        assert f["meta"]["step"] == str(f["step"])
+        assert f["meta"]["backend"] == results["first"]["backend"]
+        assert sorted(json.loads(f["meta"]["variables"])) == f["keys"]
+        keys = f["keys"]
+        assert "model/net/hidden/kernel" in keys
+        assert "model/net/bn/moving_mean" in keys  # non-trainable
+        assert any(k.endswith("seed_generator_state") for k in keys)  # dropout RNG state
+        assert "optimizer/adam/iteration" in keys
+        assert any(k.startswith("optimizer/adam/") and k.endswith("_momentum") for k in keys)
+        assert "metrics/loss/total" in keys
+
+
+def test_rerun_resumes_with_restored_state_at_the_next_epoch(results: dict[str, Any]) -> None:
+    run = results["resume"]["run"]
+    assert run["restored"]["step"] == 20 and run["restored"]["next_epoch"] == 2
+    assert run["iterations_at_begin"] == 20
+    assert run["restore_compared"] > 0 and run["restore_mismatched"] == []
+    assert run["epochs"] == [2, 3]
+    assert run["batch_end_steps"][0] == 21
+    assert run["iterations_at_end"] == 40
+
+
+def test_mid_epoch_checkpoint_replays_that_epoch_from_batch_zero(results: dict[str, Any]) -> None:
+    assert results["first"]["mid"]["latest"].endswith("ckpt-step000000018.safetensors")
+    mid = results["resume"]["mid"]
+    assert mid["restored"]["step"] == 18 and mid["restored"]["next_epoch"] == 1
+    assert mid["restore_mismatched"] == []
+    assert mid["epochs"] == [1, 2, 3]
+    assert mid["iterations_at_end"] == 18 + 3 * 10
+
+
+def test_storage_failure_surfaces_in_training_thread_and_keeps_previous(results: dict[str, Any]) -> None:
+    failure = results["first"]["failure"]
+    assert failure["raised"] == "CheckpointWriteError"
+    assert "No space left on device" in failure["message"] and "step 6" in failure["message"]
+    assert failure["event_steps"] == [2, 4, 6]
+    assert failure["latest"].endswith("ckpt-step000000004.safetensors")
+    assert failure["files"] == [
+        "autockpt-manifest.json", "ckpt-step000000002.safetensors", "ckpt-step000000004.safetensors",
+    ]
+
+
+def test_restore_and_export_weights_outside_fit(results: dict[str, Any]) -> None:
+    outside = results["resume"]["outside"]
+    assert outside == {"restore_step": 40, "iterations": 40, "kernel_equal": True, "export_weights_equal": True}
+
+
+def test_demo_prints_measured_decisions(tmp_path: Path) -> None:
+    env = dict(os.environ, KERAS_BACKEND="torch", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, "-m", "autockpt_keras.demo", "--dirpath", str(tmp_path / "demo"), "--budget", "2%",
+           "--epochs", "1", "--width", "32", "--samples", "1024", "--batch-size", "32"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert re.search(r"checkpoint at step \d+ \(epoch 1\): .*; stall [\d.]+ ms for ", proc.stdout), proc.stdout
+    assert "measured:" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("autockpt: ")

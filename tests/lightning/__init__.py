@@ -1,0 +1,1 @@
+"""Tests of autockpt_lightning (mirrors the package)."""

@@ -1,0 +1,56 @@
+"""AutoCheckpoint under DDP: two CPU processes (gloo); rank 0 writes, both ranks resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    sys.path.insert(0, {root!r})
+    from tests.lightning.lightning_helpers import Recorder, TinyData, TinyModel, make_trainer
+    from autockpt_lightning import AutoCheckpoint
+
+    torch.set_num_threads(1)
+    root, steps = sys.argv[1], int(sys.argv[2])
+    cb = AutoCheckpoint(root + "/ck", every_n_steps=5, verbose=False)
+    recorder = Recorder(cb)
+    trainer = make_trainer(root, [cb, recorder], steps, strategy="ddp", devices=2, enable_checkpointing=False)
+    trainer.fit(TinyModel(), TinyData())
+    print(f"RESULT rank={{trainer.global_rank}} start={{recorder.start_step}} "
+          f"saved={{[e.step for e in cb.events]}}", flush=True)
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ddp_two_processes_rank_zero_writes_and_both_resume(tmp_path: Path) -> None:
+    script = tmp_path / "train_ddp.py"
+    script.write_text(SCRIPT.format(root=str(Path(__file__).resolve().parents[2])))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def run(steps: int) -> set[str]:
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), str(steps)],
+            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return {line for line in proc.stdout.splitlines() if line.startswith("RESULT")}
+
+    assert run(12) == {"RESULT rank=0 start=0 saved=[5, 10]", "RESULT rank=1 start=0 saved=[]"}
+    assert run(22) == {"RESULT rank=0 start=10 saved=[15, 20]", "RESULT rank=1 start=10 saved=[]"}
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert names == [
+        "autockpt-manifest.json",
+        "ckpt-step000000010.ckpt",
+        "ckpt-step000000015.ckpt",
+        "ckpt-step000000020.ckpt",
+    ]

@@ -1,0 +1,1 @@
+"""Tests of autockpt_torch (mirrors the package)."""
