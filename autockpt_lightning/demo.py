@@ -41,6 +41,7 @@ class DemoMLP(pl.LightningModule):
             width = hidden
         blocks.append(nn.Linear(width, 1))
         self.net = nn.Sequential(*blocks)
+        self.lr = lr
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -48,7 +49,7 @@ class DemoMLP(pl.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
 def synthetic_loader(samples: int, batch_size: int, seed: int) -> StatefulDataLoader:

@@ -46,11 +46,12 @@ def _is_tensor(value: Any) -> bool:
 def snapshot_tree(state: Any, pool: BufferPool[torch.Tensor], threads: int | None = 1) -> tuple[Any, int]:
     """Copy ``state`` with every tensor placed in a buffer of ``pool``; returns ``(copy, nbytes)``.
 
-    ``nbytes`` is the tensor payload copied (the dense size for sparse tensors). The caller brackets the call with
-    ``pool.begin_round()``/``pool.end_round()`` (``CheckpointSession.save`` does). Buffers are
-    keyed by the tensor's path in the tree; a path seen twice in one call (dict keys that
-    contain "/") gets its own buffer. Dense (strided) tensors go into pool buffers; sparse,
-    quantized and other layouts fall back to a fresh CPU copy.
+    ``nbytes`` is the tensor payload copied (the dense size for sparse tensors). The caller
+    brackets the call with ``pool.begin_round()``/``pool.end_round()``
+    (``CheckpointSession.save`` does). Buffers are keyed by the tensor's path in the tree; a
+    path seen twice in one call (dict keys that contain "/") gets its own buffer. Dense
+    (strided) tensors go into pool buffers; sparse, quantized and other layouts fall back to a
+    fresh CPU copy.
 
     ``threads`` is torch's intra-op thread count during the copies (restored afterwards);
     None keeps the current setting. A host copy is memory-bound, and torch's multi-threaded
@@ -66,7 +67,7 @@ def snapshot_tree(state: Any, pool: BufferPool[torch.Tensor], threads: int | Non
         nonlocal total, synchronize
         src = tensor.detach()
         total += src.numel() * src.element_size()
-        if src.layout != torch.strided or src.is_quantized or src.is_meta:
+        if src.layout != torch.strided or src.is_quantized:
             return src.to("cpu", copy=True)
         key: Hashable = path
         while key in seen:
