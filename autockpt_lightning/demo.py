@@ -97,11 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"budget {args.budget}, mtbf {args.mtbf or 'not set'} -> {args.dirpath}",
         flush=True,
     )
-    loader = synthetic_loader(samples=args.batch_size * 64, batch_size=args.batch_size, seed=args.seed)
     with warnings.catch_warnings():
         # Deprecation notices from inside torchdata and Lightning, not about this program.
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+        loader = synthetic_loader(samples=args.batch_size * 64, batch_size=args.batch_size, seed=args.seed)
         trainer.fit(model, train_dataloaders=loader)
     report(auto)
     return 0
