@@ -67,8 +67,17 @@ class CheckpointRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def commit_order(record: CheckpointRecord) -> tuple[float, int]:
+    """Sort key: when the checkpoint was committed, then its step."""
+    return (record.created, record.step)
+
+
 def read_manifest(storage: Storage) -> list[CheckpointRecord]:
-    """Records in the manifest, oldest first; an absent manifest is an empty list.
+    """Records in the manifest in commit order (oldest first); an absent manifest is an empty list.
+
+    Commit order (creation time, then step) and not step order decides "newest": a run started
+    with ``resume=False`` in a directory that holds an older run's higher-step checkpoints must
+    resume from its own checkpoints, and retention must not delete them.
 
     An unreadable manifest raises ``ValueError`` (it is never silently treated as empty, which
     would let retention delete checkpoints the user still has).
@@ -84,12 +93,12 @@ def read_manifest(storage: Storage) -> list[CheckpointRecord]:
         records = [CheckpointRecord.from_json(r) for r in data["checkpoints"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read {MANIFEST_NAME} in {storage.location}: {exc}") from exc
-    return sorted(records, key=lambda r: (r.step, r.created))
+    return sorted(records, key=commit_order)
 
 
 def write_manifest(storage: Storage, records: Iterable[CheckpointRecord]) -> None:
     """Atomically replace the manifest with ``records``."""
-    ordered = sorted(records, key=lambda r: (r.step, r.created))
+    ordered = sorted(records, key=commit_order)
     body = json.dumps(
         {"format": FORMAT, "version": VERSION, "checkpoints": [r.to_json() for r in ordered]},
         indent=1,

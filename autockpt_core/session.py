@@ -52,9 +52,14 @@ class Snapshot:
 SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
 
 
-def checkpoint_name(step: int, suffix: str) -> str:
-    """File name of the checkpoint after ``step``: ``ckpt-step000001200.ckpt``."""
-    return f"ckpt-step{step:09d}{suffix}"
+def checkpoint_name(step: int, suffix: str, version: int = 1) -> str:
+    """File name of the checkpoint after ``step``: ``ckpt-step000001200.ckpt``.
+
+    ``version`` > 1 gives ``ckpt-step000001200-v2.ckpt``, used when an earlier run (e.g. one
+    started with ``resume=False``) already left a file of that name: it is never overwritten.
+    """
+    tail = f"-v{version}" if version > 1 else ""
+    return f"ckpt-step{step:09d}{tail}{suffix}"
 
 
 class CheckpointSession:
@@ -170,7 +175,7 @@ class CheckpointSession:
         if reason:
             all_meta.setdefault("reason", reason)
         job = PersistJob(
-            name=checkpoint_name(step, self.suffix),
+            name=self._free_name(step),
             step=step,
             epoch=epoch,
             framework=self.framework,
@@ -188,6 +193,13 @@ class CheckpointSession:
         self._newest_step = step
         self._newest_name = job.name
         return stall
+
+    def _free_name(self, step: int) -> str:
+        """The checkpoint name for ``step`` that no existing file has."""
+        version = 1
+        while self.storage.exists(name := checkpoint_name(step, self.suffix, version)):
+            version += 1
+        return name
 
     def _on_persisted(self, record: CheckpointRecord, seconds: float) -> None:
         self.profiler.record_persist(seconds)

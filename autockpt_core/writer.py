@@ -22,7 +22,7 @@ import time
 from typing import IO, Any, Callable
 
 from .errors import CheckpointWriteError
-from .manifest import CheckpointRecord, read_manifest, write_manifest
+from .manifest import CheckpointRecord, commit_order, read_manifest, write_manifest
 from .storage import Storage
 
 
@@ -138,7 +138,7 @@ class CheckpointWriter:
         records = existing + [record]
         write_manifest(self._storage, records)  # the new checkpoint is now committed
         if len(records) > self._keep_last:
-            ordered = sorted(records, key=lambda r: (r.step, r.created))
+            ordered = sorted(records, key=commit_order)
             dropped, kept = ordered[: -self._keep_last], ordered[-self._keep_last :]
             write_manifest(self._storage, kept)
             for old in dropped:

@@ -106,3 +106,24 @@ def test_background_failure_surfaces_in_training_thread(tmp_path) -> None:
     with pytest.raises(CheckpointWriteError, match="step 4"):
         session.step_end(5)
     assert session.resume_record().step == 2
+
+
+def test_fresh_run_never_overwrites_or_retires_an_older_runs_checkpoints(tmp_path) -> None:
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), every_n_steps=5, keep_last=3, async_persist=False)
+    old = CheckpointSession(cfg, framework="np", suffix=".st", clock=clock)
+    run(old, clock, {"w": np.zeros(3)}, 30)  # keeps 20, 25, 30
+    old.finish()
+    old_names = {r.name for r in old.records()}
+    fresh = CheckpointSession(cfg.replace(resume=False), framework="np", suffix=".st", clock=clock)
+    run(fresh, clock, {"w": np.zeros(3)}, 10)  # steps 5, 10: committed after the old run's
+    fresh.finish()
+    records = fresh.records()
+    assert [r.step for r in records] == [30, 5, 10]  # commit order; retention dropped the oldest
+    assert records[0].name in old_names
+    # the rerun resumes from the fresh run's newest, not the older run's higher step
+    assert CheckpointSession(cfg, framework="np", suffix=".st").resume_record().step == 10
+    again = CheckpointSession(cfg.replace(resume=False, keep_last=10), framework="np", suffix=".st", clock=clock)
+    run(again, clock, {"w": np.zeros(3)}, 5)
+    again.finish()
+    assert again.records()[-1].name == "ckpt-step000000005-v2.st"  # no overwrite of step 5
