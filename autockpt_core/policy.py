@@ -219,6 +219,8 @@ class CheckpointPolicy:
             clean = est.iterations_seen - cfg.warmup_steps
             if est.checkpoints_seen == 0 and est.iter_time_s is not None and clean >= MIN_PROFILE_ITERATIONS:
                 return self._due(persist_busy, "profiling: first checkpoint measures stall and persist")
+            if est.checkpoints_seen > 0 and est.iter_time_s is None:
+                return Decision(False, "re-profiling: measuring clean iterations", self.current)
             return Decision(False, "profiling", None)
 
         choice = self.interval(est, now)

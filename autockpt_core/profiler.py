@@ -22,7 +22,8 @@ class Estimates:
 
     ``None`` means "not measured yet". ``loaded_iter_time_s`` is the mean duration of the
     iterations that ran while a checkpoint was being snapshotted or persisted (their own stall
-    excluded); compared with ``iter_time_s`` it gives the slowdown background work causes.
+    excluded; each capped at 5x the clean median so one page-cache flush cannot dominate);
+    compared with ``iter_time_s`` it gives the slowdown background work causes.
     """
 
     iter_time_s: float | None = None
@@ -66,6 +67,10 @@ class Estimates:
         return self.stall_s + self.background_cost_s
 
 
+#: Fresh clean iterations needed before a re-measured iteration time is trusted again.
+REFRESH_SAMPLES = 3
+
+
 class Profiler:
     """Sliding-window medians of iteration time, stall, persist time and checkpoint bytes."""
 
@@ -83,6 +88,9 @@ class Profiler:
         self._bytes: deque[int] = deque(maxlen=window)
         self._iterations = 0
         self._checkpoints = 0
+        self._window = window
+        self._since_clean = 0  # loaded iterations recorded since the last clean one
+        self._refreshing = False
 
     def record_iteration(self, seconds: float, loaded: bool = False) -> None:
         """One iteration's duration, its own checkpoint stall already subtracted.
@@ -93,7 +101,22 @@ class Profiler:
             self._iterations += 1
             if self._iterations <= self._warmup or seconds < 0:
                 return
-            (self._loaded_iter if loaded else self._iter).append(seconds)
+            if loaded:
+                self._loaded_iter.append(seconds)
+                self._since_clean += 1
+                if self._since_clean >= self._window and not self._refreshing:
+                    # A whole window without a clean iteration: the clean estimate is stale
+                    # (e.g. a too-high early estimate gave a 1-step interval, so every step
+                    # overlaps a persist and nothing could correct it). Drop it; the estimate
+                    # is None until REFRESH_SAMPLES new clean iterations are measured, and the
+                    # policy pauses checkpoints for those few steps.
+                    self._iter.clear()
+                    self._refreshing = True
+            else:
+                self._iter.append(seconds)
+                self._since_clean = 0
+                if len(self._iter) >= REFRESH_SAMPLES:
+                    self._refreshing = False
 
     def record_stall(self, seconds: float, nbytes: int) -> None:
         """Time the training thread was blocked by one checkpoint, and its size."""
@@ -111,19 +134,44 @@ class Profiler:
         """Current medians; safe to call from any thread."""
         with self._lock:
             return Estimates(
-                iter_time_s=_median(self._iter),
+                iter_time_s=self._iteration_estimate(),
                 stall_s=_median(self._stall),
                 persist_s=_median(self._persist),
                 checkpoint_bytes=int(statistics.median(self._bytes)) if self._bytes else None,
-                loaded_iter_time_s=statistics.fmean(self._loaded_iter) if self._loaded_iter else None,
+                loaded_iter_time_s=_capped_mean(self._loaded_iter, self._iteration_estimate()),
                 iterations_seen=self._iterations,
                 checkpoints_seen=self._checkpoints,
             )
+
+    def _iteration_estimate(self) -> float | None:
+        """Median of the clean iterations, or None while a stale window is being re-measured."""
+        if self._refreshing and len(self._iter) < REFRESH_SAMPLES:
+            return None
+        return _median(self._iter)
 
     @property
     def in_warmup(self) -> bool:
         with self._lock:
             return self._iterations <= self._warmup
+
+
+#: Loaded iterations count at most this many clean iteration times in the slowdown mean.
+OUTLIER_CAP = 5.0
+
+
+def _capped_mean(values: deque[float], clean: float | None) -> float | None:
+    """Mean of ``values`` with each capped at OUTLIER_CAP x the clean median.
+
+    The mean (not the median) keeps the whole cost of a persist that slows a few iterations a
+    lot; the cap stops one extreme outlier (a page-cache flush) from turning it into a
+    1000% slowdown.
+    """
+    if not values:
+        return None
+    if clean is None or clean <= 0:
+        return statistics.fmean(values)
+    cap = OUTLIER_CAP * clean
+    return statistics.fmean(min(v, cap) for v in values)
 
 
 def _median(values: deque[float] | deque[int]) -> float | None:

@@ -1,0 +1,52 @@
+import pytest
+
+from autockpt_core import Profiler
+
+
+def test_warmup_skipped_and_median_robust_to_outliers() -> None:
+    p = Profiler(warmup_steps=3, window=10)
+    for _ in range(3):
+        p.record_iteration(100.0)  # warm-up: compilation
+    for t in [0.1, 0.1, 0.1, 5.0, 0.1]:
+        p.record_iteration(t)
+    est = p.estimates()
+    assert est.iter_time_s == pytest.approx(0.1)
+    assert est.iterations_seen == 8
+    assert not est.ready  # stall and persist not measured yet
+    p.record_stall(0.01, 1000)
+    p.record_persist(0.5)
+    assert p.estimates().ready and p.estimates().checkpoint_bytes == 1000
+
+
+def test_loaded_iterations_mean_caps_one_outlier() -> None:
+    p = Profiler(warmup_steps=0, window=50)
+    for _ in range(20):
+        p.record_iteration(0.1)
+    for _ in range(19):
+        p.record_iteration(0.12, loaded=True)
+    p.record_iteration(40.0, loaded=True)  # a page-cache flush
+    est = p.estimates()
+    assert est.loaded_iter_time_s == pytest.approx((19 * 0.12 + 0.5) / 20)  # outlier capped at 5 x 0.1
+    assert est.background_slowdown < 0.5  # uncapped it would read 1900%
+
+
+def test_stale_clean_estimate_is_dropped_and_remeasured() -> None:
+    p = Profiler(warmup_steps=0, window=5)
+    for _ in range(5):
+        p.record_iteration(0.5)  # noisy early estimate
+    for _ in range(4):
+        p.record_iteration(0.05, loaded=True)
+    assert p.estimates().iter_time_s == pytest.approx(0.5)  # still fresh
+    p.record_iteration(0.05, loaded=True)  # a whole window without a clean sample
+    assert p.estimates().iter_time_s is None  # stale: policy pauses to re-measure
+    p.record_iteration(0.04)
+    p.record_iteration(0.04)
+    assert p.estimates().iter_time_s is None
+    p.record_iteration(0.04)
+    assert p.estimates().iter_time_s == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize(("warmup", "window"), [(-1, 5), (0, 0)])
+def test_rejects_bad_arguments(warmup, window) -> None:
+    with pytest.raises(ValueError):
+        Profiler(warmup, window)
