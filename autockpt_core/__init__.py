@@ -6,7 +6,7 @@ Imports no torch, tensorflow, keras or lightning. The adapters (``autockpt_light
 
 from .buffers import BufferPool
 from .config import Config
-from .errors import AutockptError, CheckpointWriteError, ConfigError, CorruptCheckpointError
+from .errors import AutockptError, CheckpointWriteError, ConfigError, CorruptCheckpointError, ResumeNotExactWarning
 from .intervals import (
     budget_interval_steps,
     daly_interval,
@@ -15,9 +15,10 @@ from .intervals import (
     young_interval,
 )
 from .manifest import MANIFEST_NAME, CheckpointRecord, find_latest_valid, read_manifest, verify
+from .preemption import Preempted, PreemptionHandler
 from .policy import CheckpointPolicy, Decision, IntervalChoice, choose_interval
 from .profiler import Estimates, Profiler
-from .session import CheckpointSession, Snapshot, checkpoint_name
+from .session import CheckpointSession, PendingCopy, Snapshot, checkpoint_name
 from .storage import FsspecStorage, LocalStorage, Storage, WriteResult, storage_for
 from .summary import RunSummary
 from .tensorfile import read_tensor_file, write_tensor_file
@@ -43,8 +44,12 @@ __all__ = [
     "IntervalChoice",
     "LocalStorage",
     "MANIFEST_NAME",
+    "PendingCopy",
     "PersistJob",
+    "Preempted",
+    "PreemptionHandler",
     "Profiler",
+    "ResumeNotExactWarning",
     "RunSummary",
     "Snapshot",
     "Storage",

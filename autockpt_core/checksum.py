@@ -8,11 +8,16 @@ old checkpoints.
 
 from __future__ import annotations
 
+import queue
+import threading
+import weakref
 import zlib
 from typing import IO, Any, Iterable
 
 ALGORITHM = "crc32"
 _CHUNK = 8 * 1024 * 1024
+PARALLEL_MIN = 1024 * 1024
+"""Writes at least this large are checksummed in a helper thread while they are written."""
 
 
 class Crc32:
@@ -21,39 +26,99 @@ class Crc32:
     name = ALGORITHM
 
     def __init__(self) -> None:
-        self._value = 0
+        self.value = 0
 
     def update(self, data: Any) -> None:
-        self._value = zlib.crc32(data, self._value)
+        self.value = zlib.crc32(data, self.value)
 
     def hexdigest(self) -> str:
-        return f"{self._value & 0xFFFFFFFF:08x}"
+        return f"{self.value & 0xFFFFFFFF:08x}"
 
 
 class HashingWriter:
-    """A write-only file wrapper that checksums and counts every byte passing through."""
+    """A write-only file wrapper that checksums and counts every byte passing through.
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    Two throughput measures, both keeping the bytes and the checksum identical:
+
+    - Large writes (``parallel_min`` bytes or more) are checksummed in a helper thread while
+      this thread writes them (``zlib.crc32`` and unbuffered file writes both release the
+      GIL), so the CRC pass (~2 GB/s on the project's CPU machines) hides behind the write
+      (~1 GB/s) instead of adding to it. ``write`` returns only after both finished, so the
+      caller may reuse ``data`` at once (torch.save passes stack buffers).
+    - With ``coalesce`` > 0, writes smaller than that many bytes are gathered and passed on
+      in one call of up to ``coalesce`` bytes: torch.save issues about 40 tiny writes per
+      tensor, each a system call on an unbuffered file. Call :meth:`flush` (the storage
+      does) before fsync.
+
+    Threading: one writer thread uses an instance. The CRC helper thread is started at the
+    first large write and stopped by :meth:`close` (the storage calls it; an instance that is
+    garbage-collected without it stops its helper too).
+    """
+
+    def __init__(self, raw: IO[bytes], *, coalesce: int = 0, parallel_min: int = PARALLEL_MIN) -> None:
         self._raw = raw
         self._hash = Crc32()
+        self._coalesce = max(0, int(coalesce))
+        self._parallel_min = parallel_min
+        self._pending = bytearray()
+        self._helper: _CrcHelper | None = None
         self.size = 0
 
     def write(self, data: Any) -> int:
-        """Write all of ``data``: unbuffered raw files may write only part of a large buffer
-        (Linux caps one write at ~2 GiB) and callers such as torch.save ignore the count."""
+        """Write all of ``data`` (in order after everything before it); returns its length."""
         view = memoryview(data).cast("B")
         n = len(view)
-        self._hash.update(view)
+        if n < self._coalesce:
+            self._hash.update(view)
+            self._pending += view
+            if len(self._pending) >= self._coalesce:
+                self._drain()
+        else:
+            self._drain()
+            if n >= self._parallel_min:
+                self._hash_while_writing(view)
+            else:
+                self._hash.update(view)
+                self._write_all(view)
+        self.size += n
+        return n
+
+    def _hash_while_writing(self, view: memoryview) -> None:
+        if self._helper is None:
+            self._helper = _CrcHelper()
+            weakref.finalize(self, self._helper.close)
+        self._helper.submit(view, self._hash.value)
+        try:
+            self._write_all(view)
+        finally:
+            value = self._helper.result()  # never return while the helper still reads the caller's buffer
+        self._hash.value = value
+
+    def close(self) -> None:
+        """Stop the CRC helper thread (the underlying file is not closed). Idempotent."""
+        if self._helper is not None:
+            self._helper.close()
+            self._helper = None
+
+    def _drain(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, bytearray()
+            self._write_all(memoryview(pending))
+
+    def _write_all(self, view: memoryview) -> None:
+        """Unbuffered raw files may write only part of a large buffer (Linux caps one write
+        at ~2 GiB) and callers such as torch.save ignore the count: loop until done."""
+        n = len(view)
         done = 0
         while done < n:
             written = self._raw.write(view[done:])
             if written == 0:
                 raise OSError(f"write made no progress after {self.size + done} bytes")
             done += n - done if written is None else written
-        self.size += n
-        return n
 
     def flush(self) -> None:
+        """Pass on gathered small writes, then flush the underlying file."""
+        self._drain()
         self._raw.flush()
 
     def tell(self) -> int:
@@ -74,6 +139,35 @@ class HashingWriter:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+class _CrcHelper:
+    """One daemon thread that computes ``zlib.crc32(view, start)`` for one job at a time."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[memoryview, int] | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="autockpt-crc32", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._results.put(zlib.crc32(job[0], job[1]))
+            except BaseException as exc:  # handed to the writer thread by result()
+                self._results.put(exc)
+
+    def submit(self, view: memoryview, start: int) -> None:
+        self._jobs.put((view, start))
+
+    def result(self) -> int:
+        value = self._results.get()
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._jobs.put(None)
 
 
 def checksum_stream(stream: IO[bytes]) -> tuple[str, int]:

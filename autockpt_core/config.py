@@ -20,9 +20,11 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import ConfigError
+from .preemption import DEFAULT_SIGNALS, ON_PREEMPT, signal_names
 from .units import parse_duration, parse_fraction
 
 SCHEDULES = ("uniform", "front_loaded")
+SNAPSHOT_MODES = ("auto", "sync", "overlap", "device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,17 @@ class Config:
         total_steps: Optimizer steps the whole run is expected to take. Optional; the
             front-loaded schedule weighs progress over this horizon (without it, the horizon
             is where the fitted loss curve has made 99% of its decrease).
+        signals: Signals that request an emergency checkpoint at the next step boundary
+            (names such as "SIGTERM", "USR1"); empty turns preemption handling off. See
+            ``docs/reliability.md``.
+        on_preempt: After the emergency checkpoint is durable: "exit" (the run ends with exit
+            status 128 + signal number) or "continue" training.
+        snapshot_mode: Where the snapshot copy runs (torch-based adapters): "sync" (on the
+            training thread, done when the hook returns), "overlap" (during the next step's
+            forward/backward, on a helper thread or a CUDA stream; the next optimizer step
+            waits for it), "device" (CUDA: into a reserved GPU buffer, then drained to host
+            in the background) or "auto" (chosen from the device, free GPU memory and the
+            measured CPU default; the choice is logged). See ``docs/benchmarks.md``.
     """
 
     dirpath: str
@@ -65,6 +78,9 @@ class Config:
     adaptive: bool = True
     verbose: bool = True
     total_steps: int | None = None
+    signals: tuple[str, ...] = DEFAULT_SIGNALS
+    on_preempt: str = "exit"
+    snapshot_mode: str = "auto"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -97,6 +113,21 @@ class Config:
                 self.schedule,
                 "is not a known schedule",
                 f"use one of {', '.join(repr(s) for s in SCHEDULES)}",
+            )
+        set_(self, "signals", _check_signals(self.signals))
+        if self.on_preempt not in ON_PREEMPT:
+            raise ConfigError(
+                "on_preempt",
+                self.on_preempt,
+                "is not a known action",
+                f"use one of {', '.join(repr(a) for a in ON_PREEMPT)}",
+            )
+        if self.snapshot_mode not in SNAPSHOT_MODES:
+            raise ConfigError(
+                "snapshot_mode",
+                self.snapshot_mode,
+                "is not a known snapshot mode",
+                f"use one of {', '.join(repr(m) for m in SNAPSHOT_MODES)}",
             )
         if self.schedule == "front_loaded" and self.mtbf is None:
             raise ConfigError(
@@ -216,6 +247,23 @@ def _check_optional_positive_int(field: str, value: Any) -> int | None:
     if value is None:
         return None
     return _check_int(field, value, minimum=1)
+
+
+def _check_signals(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split() if v]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            "signals", value, "must be a list of signal names", "pass e.g. signals=('SIGTERM', 'SIGUSR1'), or () for none"
+        )
+    try:
+        return signal_names(value)
+    except ValueError as exc:
+        raise ConfigError(
+            "signals", value, str(exc), "use catchable signals such as 'SIGTERM', 'SIGUSR1', 'SIGUSR2' or 'SIGINT'"
+        ) from None
 
 
 def _check_bool(field: str, value: Any) -> bool:

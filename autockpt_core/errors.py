@@ -31,3 +31,7 @@ class CheckpointWriteError(AutockptError, RuntimeError):
 
 class CorruptCheckpointError(AutockptError):
     """A checkpoint file does not match the checksum or size in the manifest."""
+
+
+class ResumeNotExactWarning(UserWarning):
+    """A resumed run will not be bitwise identical to an uninterrupted one; the message says why."""

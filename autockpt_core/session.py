@@ -9,7 +9,15 @@ Adapters only translate framework hooks into these calls (training thread, in th
    preemption): ``snapshot(buffers)`` copies the live state into the session's reusable
    buffers and returns a :class:`Snapshot`; the session measures the stall and hands the
    snapshot to the background writer.
+4b. ``before_update()`` right before every optimizer step, when the adapter lets part of
+   the copy overlap the next step (``Snapshot.pending``): it makes that step wait for the
+   copy (CheckFreq's rule: the weights may not change before the snapshot holds them). The
+   wait counts as stall. The writer thread waits for the copy before it serializes.
 5. ``finish()`` at the end: waits for the last persist and returns the :class:`RunSummary`.
+
+Preemption (``autockpt_core.preemption``): at the step boundary after a signal, ``save(...)``
+(unless ``saved_step`` already is this step), then ``flush()``, which returns once that
+checkpoint is committed (durable and listed in the manifest), then exit or continue.
 
 Background errors surface as :class:`CheckpointWriteError` from ``step_end``, ``save`` or
 ``finish``. The clock is injected (``clock``), so the whole engine runs in tests without a
@@ -21,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Protocol
 
 from .adjusters import adjusters_from_config
 from .buffers import BufferPool
@@ -36,17 +44,35 @@ from .writer import CheckpointWriter, PersistJob
 log = logging.getLogger("autockpt")
 
 
+class PendingCopy(Protocol):
+    """A snapshot copy still running after ``snapshot()`` returned (overlapping the next step).
+
+    ``before_update()`` is called on the training thread right before the next optimizer step
+    and orders that step after the copy (a host wait, or on CUDA a stream waiting on an
+    event). ``wait()`` is called on the writer thread before serializing and blocks it until
+    the copied bytes are in the host buffers. Both may be called more than once.
+    """
+
+    def before_update(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+
 @dataclasses.dataclass
 class Snapshot:
     """The result of phase 1: a consistent copy of the state, ready to be serialized.
 
     ``write(file)`` must only read the snapshot buffers (it runs in the writer thread while
-    training continues). ``nbytes`` is the tensor payload size.
+    training continues). ``nbytes`` is the tensor payload size. ``pending``: the part of the
+    copy still in flight, if any (see :class:`PendingCopy`); ``mode`` names how the copy
+    was made (for the summary, e.g. "sync", "overlap", "device").
     """
 
     write: Callable[[IO[bytes]], object]
     nbytes: int
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    pending: PendingCopy | None = None
+    mode: str | None = None
 
 
 SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
@@ -104,6 +130,9 @@ class CheckpointSession:
         self._newest_name: str | None = None
         self._start_step = 0
         self._last_loss: float | None = None
+        self._pending: PendingCopy | None = None
+        self._pending_stall: tuple[float, int] | None = None  # (stall so far, nbytes)
+        self._copy_mode: str | None = None
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -166,6 +195,7 @@ class CheckpointSession:
         Waits for an in-flight persist first (the buffers are about to be overwritten); that
         wait counts as stall. Returns the stall in seconds.
         """
+        self.before_update()  # a copy still overlapping must end before its buffers are reused
         start = self.clock()
         self.writer.wait()
         self.buffers.begin_round()
@@ -174,17 +204,22 @@ class CheckpointSession:
         all_meta = {**(meta or {}), **snap.meta}
         if reason:
             all_meta.setdefault("reason", reason)
+        write = snap.write if snap.pending is None else _after(snap.pending, snap.write)
         job = PersistJob(
             name=self._free_name(step),
             step=step,
             epoch=epoch,
             framework=self.framework,
-            write=snap.write,
+            write=write,
             meta=all_meta,
         )
         self.writer.submit(job)
         stall = self.clock() - start
-        self.profiler.record_stall(stall, snap.nbytes)
+        if snap.pending is None:
+            self.profiler.record_stall(stall, snap.nbytes)
+        else:  # recorded by before_update(), with the wait for the copy added
+            self._pending, self._pending_stall = snap.pending, (stall, snap.nbytes)
+        self._copy_mode = snap.mode or self._copy_mode
         self.policy.record_checkpoint(step, self.clock())
         self._stall_since_last_step += stall
         self._loaded_since_last_step = True
@@ -193,6 +228,37 @@ class CheckpointSession:
         self._newest_step = step
         self._newest_name = job.name
         return stall
+
+    @property
+    def saved_step(self) -> int | None:
+        """The step of the newest checkpoint handed to the writer in this session (persisted or not)."""
+        return self._newest_step
+
+    def flush(self) -> None:
+        """Block until the in-flight persist is committed; re-raise its error (training thread)."""
+        self.writer.wait()
+
+    def before_update(self) -> float:
+        """Call right before each optimizer step: waits for a snapshot copy still in flight.
+
+        Training thread. Returns the seconds waited (0 when no copy was pending); they count
+        as stall of the checkpoint that started the copy.
+        """
+        pending = self._pending
+        if pending is None:
+            return 0.0
+        start = self.clock()
+        try:
+            pending.before_update()
+        finally:
+            self._pending = None
+            waited = self.clock() - start
+            stall, nbytes = self._pending_stall or (0.0, 0)
+            self._pending_stall = None
+            self.profiler.record_stall(stall + waited, nbytes)
+            self._stall_since_last_step += waited
+            self._total_stall += waited
+        return waited
 
     def _free_name(self, step: int) -> str:
         """The checkpoint name for ``step`` that no existing file has."""
@@ -206,7 +272,10 @@ class CheckpointSession:
 
     def finish(self) -> RunSummary:
         """Wait for the last persist, re-raise its error if any, and summarise the run."""
-        self.writer.close()
+        try:
+            self.before_update()
+        finally:
+            self.writer.close()
         return self.summary()
 
     # -- reporting ---------------------------------------------------------------------------
@@ -233,6 +302,9 @@ class CheckpointSession:
         overhead = self.measured_overhead()
         if overhead is not None:
             out["autockpt/overhead_pct"] = overhead * 100.0
+        if self.buffers.peak_bytes:
+            out["autockpt/buffer_bytes"] = float(self.buffers.total_bytes)
+            out["autockpt/buffer_peak_bytes"] = float(self.buffers.peak_bytes)
         return out
 
     def summary(self) -> RunSummary:
@@ -254,8 +326,20 @@ class CheckpointSession:
             persist_s=est.persist_s,
             deferred=self.policy.deferred,
             buffer_bytes=self.buffers.total_bytes,
+            buffer_peak_bytes=self.buffers.peak_bytes,
+            copy_mode=self._copy_mode,
         )
 
     def records(self) -> list[CheckpointRecord]:
         """The manifest's records, oldest first."""
         return read_manifest(self.storage)
+
+
+def _after(pending: PendingCopy, write: Callable[[IO[bytes]], object]) -> Callable[[IO[bytes]], object]:
+    """``write`` preceded, in the writer thread, by the wait for the copy it reads."""
+
+    def write_when_copied(file: IO[bytes]) -> object:
+        pending.wait()
+        return write(file)
+
+    return write_when_copied

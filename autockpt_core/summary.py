@@ -24,6 +24,8 @@ class RunSummary:
     persist_s: float | None = None
     deferred: int = 0
     buffer_bytes: int = 0
+    buffer_peak_bytes: int = 0
+    copy_mode: str | None = None
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -35,10 +37,12 @@ class RunSummary:
         interval = (
             f"{self.interval_steps} steps ({self.interval_rule})" if self.interval_steps is not None else "n/a"
         )
+        copy = f" ({self.copy_mode} copy)" if self.copy_mode else ""
+        buffers = f", host buffers {format_size(self.buffer_peak_bytes)}" if self.buffer_peak_bytes else ""
         return (
-            f"autockpt: {self.checkpoints} checkpoints, mean stall {stall} for {size}, "
+            f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
             f"persist {persist}, overhead {overhead} (budget {self.budget * 100:.2f}%), "
-            f"interval {interval}, newest step {self.newest_step} -> {self.newest_path}"
+            f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}"
         )
 
     def as_dict(self) -> dict[str, object]:

@@ -17,6 +17,7 @@ or ``wait`` call, wrapped in :class:`CheckpointWriteError`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import threading
 import time
 from typing import IO, Any, Callable
@@ -104,7 +105,7 @@ class CheckpointWriter:
             raise CheckpointWriteError(
                 f"autockpt could not persist checkpoint {job.name} (step {job.step}) to "
                 f"{self._storage.location}: {type(error).__name__}: {error}. "
-                "Older checkpoints are untouched; check free space and permissions."
+                f"Older checkpoints are untouched and no partial file is left. Fix: {_hint(error)}."
             ) from error
 
     def close(self) -> None:
@@ -144,3 +145,15 @@ class CheckpointWriter:
             for old in dropped:
                 self._storage.delete(old.name)
         return record
+
+
+def _hint(error: BaseException) -> str:
+    """What to do about a persist error, from its errno where it has one."""
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "the disk or quota is full; free space there or point dirpath to a larger filesystem"
+    if code in (errno.EACCES, errno.EPERM):
+        return "this process may not write there; fix the directory's permissions or choose another dirpath"
+    if code == errno.EROFS:
+        return "the filesystem is read-only; point dirpath to a writable one"
+    return "check free space, permissions and the storage backend"

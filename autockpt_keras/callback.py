@@ -1,50 +1,95 @@
 """``AutoCheckpoint``: the Keras callback that drives a :class:`~autockpt_core.CheckpointSession`.
 
-The callback holds no policy: it maps ``fit()``'s hooks to session calls and copies the
-state. Order of calls inside ``fit()`` (TensorFlow and torch trainers, Keras 3):
+The callback holds no policy: it maps ``fit()``'s hooks to session calls, copies the state,
+and puts a resumed run back at the exact batch and generator state the checkpoint was taken
+at (:mod:`autockpt_keras.resume`, :mod:`autockpt_keras.rng`). Order of calls inside
+``fit()`` (TensorFlow and torch trainers, Keras 3):
 
-1. ``on_train_begin``: a new session; ``session.resume_record()``; if a valid checkpoint
-   exists, the model's and optimizer's variables are built if needed and assigned, and
-   ``model._initial_epoch`` is set (``fit()`` reads it right after this hook); then
-   ``session.start(optimizer.iterations)``.
-2. ``on_epoch_begin``: remembers the epoch (and puts ``model._initial_epoch`` back).
-3. ``on_train_batch_end``: ``session.step_end(optimizer.iterations, loss)``; when the
-   decision says so, ``session.save(...)`` copies every variable into the session's reusable
-   buffers (the only time the training loop is blocked) and hands the file to the writer
-   thread. The first call also does one untimed copy, during the profiler's warm-up, that
-   allocates those buffers (and traces TensorFlow's batched read).
-4. ``on_epoch_end``: adds ``autockpt_checkpoints``, ``autockpt_interval_steps``,
+1. ``on_train_begin``: a new session; ``fit()``'s data iterator is looked up and its input
+   type checked (a :class:`~autockpt_core.ResumeNotExactWarning` names what would keep a
+   resume from being exact); ``session.resume_record()``; if a valid checkpoint exists, the
+   model's and optimizer's variables are built if needed and assigned, and
+   ``model._initial_epoch`` is set (``fit()`` reads it right after this hook); the
+   preemption signal handlers are installed; ``session.start(optimizer.iterations)``.
+2. ``on_epoch_begin``: in the resumed epoch: the global generators are set to their state
+   when the checkpoint's data iterator was started (so the epoch draws the same order), a
+   reshuffling tf.data input is advanced, the metric variables are assigned again (``fit()``
+   reset them), and when the checkpoint is mid-epoch a :class:`~autockpt_keras.resume.SkipSteps`
+   replaces ``model.train_function`` for the batches already trained. Otherwise the
+   generators are captured when a new data iterator is about to start. A checkpoint that
+   fell due at the previous epoch's last batch is taken here (after validation and the
+   epoch-end callbacks, whose generator draws the resumed run then need not repeat).
+3. ``on_train_batch_begin``: marks the call as skipped or not.
+4. ``on_train_batch_end``: skipped batches do nothing, except the last one, which sets the
+   generators to their state at the checkpoint. Otherwise ``session.step_end(
+   optimizer.iterations, loss)``; when the decision says so, ``session.save(...)`` copies
+   every variable into the session's reusable buffers and captures the generators (the
+   only time the training loop is blocked) and hands the file to the writer thread. The
+   first call also does one untimed copy, during the profiler's warm-up, that allocates
+   those buffers (and traces TensorFlow's batched read). After a preemption signal: a
+   checkpoint of this step, committed (durable) before the hook returns, then
+   :class:`~autockpt_core.Preempted` (``on_preempt="exit"``) or training goes on.
+5. ``on_epoch_end``: adds ``autockpt_checkpoints``, ``autockpt_interval_steps``,
    ``autockpt_stall_ms`` and ``autockpt_overhead_pct`` to the epoch logs. ``fit()`` passes
    the same dict to every callback and appends its own ``History`` last, so the keys land in
    ``history.history`` (NaN until the value is known, so every list has one entry per epoch).
    A ``History`` passed explicitly must come after ``AutoCheckpoint`` in ``callbacks``.
-5. ``on_train_end``: a final checkpoint if training advanced since the newest one
-   (``save_on_train_end``), then ``session.finish()`` (waits for the last persist) and the
-   summary line when ``verbose``.
+6. ``on_train_end``: a checkpoint still due, or a final one if training advanced since the
+   newest one (``save_on_train_end``), then ``session.finish()`` (waits for the last persist)
+   and the summary line when ``verbose``; the signal handlers are uninstalled.
+
+Put ``AutoCheckpoint`` first in ``callbacks``: generator draws of callbacks before it are
+not lined up between the interrupted and the resumed run.
 
 Threading: every hook runs on the training thread; the callback is not ``async_safe``, so
 Keras calls ``on_train_batch_end`` synchronously between steps and the copy is consistent.
 Only the file write, fsync, manifest update and retention run in the session's writer
 thread, reading the buffers, never the live variables. A failed write is raised as
 :class:`~autockpt_core.CheckpointWriteError` from a later hook (so ``fit()`` stops), and the
-previous checkpoint stays the newest valid one.
+previous checkpoint stays the newest valid one. Signal handlers only set a flag (see
+:mod:`autockpt_core.preemption`); the checkpoint is taken by the next hook.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
+import signal
 import warnings
 from typing import Any
 
 import keras
 
-from autockpt_core import CheckpointSession, Config, ConfigError, RunSummary, Storage
+from autockpt_core import (
+    CheckpointSession,
+    Config,
+    ConfigError,
+    Preempted,
+    PreemptionHandler,
+    ResumeNotExactWarning,
+    RunSummary,
+    Storage,
+)
+from autockpt_core.preemption import exit_code
 
+from . import rng
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, file_metadata, make_snapshot, read_record
-from .copying import Copier, copier_for
+from .copying import Copier, buffer_pool_for, copier_for
+from .resume import (
+    DataStream,
+    InputReport,
+    ResumePoint,
+    SkipSteps,
+    advance_dataset,
+    find_epoch_iterator,
+    inspect_inputs,
+    unwrap_train_function,
+)
 from .state import assign_state, collect_state, ensure_built
+
+log = logging.getLogger("autockpt")
 
 #: Keys added to the epoch logs (and so to ``History``), from ``session.metrics()``.
 LOG_KEYS = {
@@ -64,7 +109,11 @@ _DEFAULTS: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointEvent:
-    """One checkpoint this callback took: when, why, and what it cost the training thread."""
+    """One checkpoint this callback took: when, why, and what it cost the training thread.
+
+    ``next_epoch``/``batches_done``: where a run resumed from it continues (epoch, and
+    batches of that epoch already trained).
+    """
 
     step: int
     epoch: int
@@ -75,6 +124,16 @@ class CheckpointEvent:
     interval_rule: str | None
     stall_s: float
     nbytes: int
+    batches_done: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PreemptionRecord:
+    """The emergency checkpoint taken after a signal: its step, the signal and the file."""
+
+    step: int
+    signal: str
+    path: str | None
 
 
 class AutoCheckpoint(keras.callbacks.Callback):
@@ -105,24 +164,39 @@ class AutoCheckpoint(keras.callbacks.Callback):
         adaptive: Re-tune the interval when measured overhead drifts.
         verbose: Print the resume message and the end-of-training summary line.
         total_steps: Optimizer steps the whole run is expected to take (front-loaded schedule).
+        signals: Signals that ask for an emergency checkpoint at the next batch end
+            (default SIGTERM and SIGUSR1; ``()`` turns this off). Installed in
+            ``on_train_begin`` (main thread only), uninstalled in ``on_train_end``.
+        on_preempt: After that checkpoint is durable: "exit" raises
+            :class:`~autockpt_core.Preempted` (a ``SystemExit`` with status 128 + signal
+            number) out of ``fit()``; "continue" trains on.
+        snapshot_mode: Where the snapshot copy runs. The Keras adapter always copies on the
+            training thread before the hook returns ("sync"; on the torch backend with CUDA
+            through a copy stream into pinned buffers); "overlap"/"device" log a warning.
         config: A ready :class:`~autockpt_core.Config`; explicit settings above override it.
         save_on_train_end: Take a final checkpoint when ``fit()`` returns normally and the
             state advanced since the newest checkpoint, so a rerun with more epochs continues
             exactly where this one ended (skipped, with a warning, if the last loss is NaN/inf).
         storage: Replaces the storage ``dirpath`` would select (tests, custom backends).
 
-    Resume: the global step is ``model.optimizer.iterations``. A checkpoint taken at the last
-    batch of an epoch resumes at the next epoch. A checkpoint taken mid-epoch resumes at the
-    start of that same epoch: the weights, optimizer state and ``iterations`` are the
-    checkpoint's, and the epoch is replayed from batch 0 (its first batches are seen twice;
-    ``iterations`` keeps counting, so the run takes more steps than an uninterrupted one).
-    Exact mid-epoch resume needs a resumable data source and is not done yet. With
-    ``shuffle=True`` the resumed epochs see other permutations than an uninterrupted run.
+    Resume: the global step is ``model.optimizer.iterations``. A rerun continues at the
+    batch after the checkpoint's: the weights, optimizer, metric and seed-generator state are
+    the checkpoint's, the global generators (Python, numpy, torch, Keras' and TensorFlow's
+    global generators) are put back, and the resumed epoch draws (without training on) the
+    batches the interrupted run had already trained, so the rest of the run sees the data an
+    uninterrupted run would. On the TensorFlow and torch backends with array, ``PyDataset``,
+    tf.data or torch ``DataLoader`` inputs whose order is reproducible (seeded), the final
+    weights are bitwise those of an uninterrupted run without this callback. What is not
+    reproducible is named in a :class:`~autockpt_core.ResumeNotExactWarning` at the start of
+    ``fit()``; see ``docs/reliability.md``. A checkpoint that falls due at an epoch's last
+    batch is taken at the next epoch's start (or at the end of training).
 
     Attributes (after ``fit()``): ``session`` (the :class:`~autockpt_core.CheckpointSession`),
     ``events`` (a :class:`CheckpointEvent` per checkpoint), ``restored`` (the
     :class:`~autockpt_keras.checkpoint_file.CheckpointInfo` resumed from, or None),
-    ``summary`` (the :class:`~autockpt_core.RunSummary`).
+    ``summary`` (the :class:`~autockpt_core.RunSummary`), ``inputs`` (the
+    :class:`~autockpt_keras.resume.InputReport` of the training data), ``preempted`` (a
+    :class:`PreemptionRecord` after a signal, else None).
     """
 
     def __init__(
@@ -143,6 +217,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
         adaptive: bool = _DEFAULTS["adaptive"],
         verbose: bool = _DEFAULTS["verbose"],
         total_steps: int | None = _DEFAULTS.get("total_steps"),
+        signals: tuple[str, ...] = _DEFAULTS["signals"],
+        on_preempt: str = _DEFAULTS["on_preempt"],
+        snapshot_mode: str = _DEFAULTS["snapshot_mode"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,
@@ -163,6 +240,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
             "adaptive": adaptive,
             "verbose": verbose,
             "total_steps": total_steps,
+            "signals": signals,
+            "on_preempt": on_preempt,
+            "snapshot_mode": snapshot_mode,
         }
         self.config: Config = _build_config(dirpath, config, {k: v for k, v in values.items() if k in _DEFAULTS})
         self.save_on_train_end = bool(save_on_train_end)
@@ -170,15 +250,28 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self.events: list[CheckpointEvent] = []
         self.restored: CheckpointInfo | None = None
         self.summary: RunSummary | None = None
+        self.inputs: InputReport | None = None
+        self.preempted: PreemptionRecord | None = None
         self._storage = storage
         self._copier: Copier | None = None
+        self._backend = ""
         self._epoch = 0
         self._batch: int | None = None
         self._completed_epoch: int | None = None
+        self._stopped_mid_epoch = False
         self._last_saved_step: int | None = None
         self._last_loss: float | None = None
         self._initial_epoch_to_put_back: tuple[Any] | None = None
         self._buffers_ready = False
+        self._epoch_iterator: Any | None = None
+        self._stream: DataStream | None = None
+        self._resume_point: ResumePoint | None = None
+        self._metric_arrays: dict[str, Any] | None = None
+        self._skipper: SkipSteps | None = None
+        self._skip_through: int | None = None
+        self._deferred: tuple[int, str, int] | None = None  # (step, reason, batch) due at an epoch's last batch
+        self._rng_after_skip: dict[str, Any] | None = None
+        self._preemption: PreemptionHandler | None = None
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
@@ -194,42 +287,85 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._put_back_initial_epoch()  # left over if an earlier fit() failed before its first epoch
-        self.session = CheckpointSession(self.config, framework=FRAMEWORK, suffix=SUFFIX, storage=self._storage)
-        self._copier = copier_for(keras.backend.backend())
+        unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
+        backend = keras.backend.backend()
+        self._backend = backend
+        self.session = CheckpointSession(
+            self.config, framework=FRAMEWORK, suffix=SUFFIX, storage=self._storage, buffers=buffer_pool_for(backend)
+        )
+        self._copier = copier_for(backend, self.model)
+        if self.config.snapshot_mode in ("overlap", "device"):
+            log.warning(
+                "autockpt: snapshot_mode=%r is not available with Keras (fit() has no hook before the "
+                "optimizer update); copying on the training thread (\"sync\")",
+                self.config.snapshot_mode,
+            )
         self.events = []
         self.restored = None
         self.summary = None
+        self.preempted = None
         self._epoch = 0
         self._batch = None
         self._completed_epoch = None
+        self._stopped_mid_epoch = False
         self._last_saved_step = None
         self._last_loss = None
         self._buffers_ready = False
+        self._resume_point = None
+        self._metric_arrays = None
+        self._skipper = None
+        self._skip_through = None
+        self._deferred = None
+        self._rng_after_skip = None
+        self._epoch_iterator = find_epoch_iterator()
+        self._stream = DataStream(self._epoch_iterator, self._capture_rng)
+        self.inputs = inspect_inputs(self._epoch_iterator, backend)
+        if self.inputs.problems:
+            warnings.warn(
+                f"autockpt: a resumed run will not be exactly an uninterrupted one ({self.inputs.kind} "
+                "inputs): " + "; ".join(self.inputs.problems) + ".",
+                ResumeNotExactWarning,
+                stacklevel=2,
+            )
         record = self.session.resume_record()
         if record is not None:
-            arrays, info = read_record(self.session.storage, record)
-            ensure_built(self.model)
-            assign_state(collect_state(self.model), arrays, order=info.keys)
-            del arrays
-            self.restored = info
-            self._last_saved_step = info.step
-            self._initial_epoch_to_put_back = (self.model._initial_epoch,)
-            self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
-            if self.config.verbose:
-                print(
-                    f"autockpt: resumed from {info.path} (step {info.step}); "
-                    f"training continues with epoch {info.next_epoch + 1}",
-                    flush=True,
-                )
+            self._restore(record)
+        if self.config.signals:
+            self._preemption = PreemptionHandler(self.config.signals)
+            self._preemption.install()
         self.session.start(self._global_step())
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._put_back_initial_epoch()
         self._epoch = epoch
         self._batch = None
+        self._stopped_mid_epoch = False
+        stream = self._require_stream()
+        point, self._resume_point = self._resume_point, None
+        if point is not None and point.epoch == epoch:
+            self._enter_resumed_epoch(point)
+        else:
+            stream.epoch_begin()
+        if self._deferred is not None:
+            step, reason, last_batch = self._deferred
+            self._deferred = None
+            if step == self._global_step() and step != self._last_saved_step:
+                self._save(step, reason, self._epoch_start_point(epoch), epoch=epoch - 1, batch=last_batch)
+        if self._preemption is not None and self._preemption.requested:
+            self._on_preempted(self._global_step(), lambda: self._epoch_start_point(epoch), epoch - 1, None)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._skipper is not None:
+            self._skipper.skipping = self._skip_through is not None and batch <= self._skip_through
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
+        stream = self._require_stream()
+        if self._skip_through is not None and batch <= self._skip_through:
+            stream.batch_end()
+            if batch == self._skip_through:  # the interrupted run took its checkpoint here
+                self._finish_skip()
+            return
         self._batch = batch
         loss = (logs or {}).get("loss")
         if loss is not None:
@@ -239,31 +375,56 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._buffers_ready = True
             self._prepare_buffers()
         decision = session.step_end(step, loss=loss)
+        preempt = self._preemption is not None and self._preemption.requested
+        saved = False
         if decision.save:
-            self._save(step, decision.reason)
+            if self._is_last_batch(batch) and not preempt:
+                self._deferred = (step, decision.reason, batch)  # taken in on_epoch_begin / on_train_end
+            else:
+                self._save(step, decision.reason, self._mid_epoch_point(batch), epoch=self._epoch, batch=batch)
+                saved = True
+        stream.batch_end()
+        if preempt:
+            self._deferred = None
+            self._on_preempted(step, lambda: self._mid_epoch_point(batch), self._epoch, batch, saved=saved)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._completed_epoch = epoch
+        # A callback's stop_training at a batch end cut this epoch short: its rest is untrained.
+        self._stopped_mid_epoch = bool(
+            self.model.stop_training and self._batch is not None and not self._is_last_batch(self._batch)
+        )
         if logs is not None:
             logs.update(self.log_values())
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
         self._put_back_initial_epoch()
-        step = self._global_step()
-        if self.save_on_train_end and step != self._last_saved_step and self._batch is not None:
-            if self._last_loss is not None and not math.isfinite(self._last_loss):
-                warnings.warn(
-                    f"autockpt: no final checkpoint: the last loss is {self._last_loss}; the newest "
-                    f"checkpoint stays step {self._last_saved_step}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            else:
-                self._save(step, "end of training")
-        self.summary = session.finish()
+        self._drop_skipper()
+        try:
+            step = self._global_step()
+            due = self._deferred is not None and self._deferred[0] == step
+            reason = self._deferred[1] if self._deferred is not None else "end of training"
+            self._deferred = None
+            if step != self._last_saved_step and self._batch is not None and (due or self.save_on_train_end):
+                if self._last_loss is not None and not math.isfinite(self._last_loss):
+                    warnings.warn(
+                        f"autockpt: no final checkpoint: the last loss is {self._last_loss}; the newest "
+                        f"checkpoint stays step {self._last_saved_step}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                else:
+                    self._save_at_train_end(step, reason)
+            self.summary = session.finish()
+            preempted = self._preemption is not None and self._preemption.requested
+            signum = self._preemption.signum if self._preemption is not None else None
+        finally:
+            self._stop_preemption()
         if self.config.verbose:
-            if self._batch is None and self.restored is not None:
+            if self._batch is None and self.restored is not None and self.restored.next_epoch >= self.params.get(
+                "epochs", 0
+            ):
                 print(
                     f"autockpt: nothing left to train: the checkpoint at step {self.restored.step} "
                     f"already finished {self.restored.next_epoch} epoch(s); pass a larger epochs= to continue",
@@ -271,6 +432,188 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 )
             else:
                 print(self.summary.line(), flush=True)
+        if preempted and signum is not None and self.config.on_preempt == "exit":
+            # The signal came after the last batch: training is complete and committed.
+            raise Preempted(signum, self._global_step())
+
+    # -- resume (training thread) ---------------------------------------------------------------
+
+    def _restore(self, record: Any) -> None:
+        """on_train_begin: assign the checkpoint's state; remember where its epoch resumes."""
+        session = self._require_session()
+        arrays, info = read_record(session.storage, record)
+        ensure_built(self.model)
+        assign_state(collect_state(self.model), arrays, order=info.keys)
+        point = info.resume
+        if point is not None and point.batches_done > 0:
+            self._metric_arrays = {k: arrays[k] for k in info.keys if k.startswith("metrics/")}
+        del arrays
+        self.restored = info
+        self._last_saved_step = info.step
+        self._initial_epoch_to_put_back = (self.model._initial_epoch,)
+        self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
+        if point is not None and self._backend not in ("tensorflow", "torch") and point.batches_done > 0:
+            point = None  # no exact skip on this backend: the epoch is replayed from batch 0
+        self._resume_point = point
+        if point is not None and point.problems:
+            warnings.warn(
+                f"autockpt: resuming at step {info.step} is not exact: the interrupted run's inputs "
+                "were not reproducible: " + "; ".join(point.problems) + ".",
+                ResumeNotExactWarning,
+                stacklevel=3,
+            )
+        if self.config.verbose:
+            where = f"epoch {info.next_epoch + 1}"
+            if point is not None and point.batches_done > 0:
+                where += f", batch {point.batches_done + 1} (drawing the {point.batches_done} batch(es) already trained)"
+            elif point is None and info.batch is not None and info.next_epoch == info.epoch:
+                where += " from its first batch (this checkpoint has no batch position)"
+            print(f"autockpt: resumed from {info.path} (step {info.step}); training continues with {where}", flush=True)
+
+    def _enter_resumed_epoch(self, point: ResumePoint) -> None:
+        """on_epoch_begin of the resumed epoch: same data order, same generators, skip ahead."""
+        stream = self._require_stream()
+        self._restore_rng(point.rng_stream)  # the data iterator of this epoch is created after this hook
+        inputs = self.inputs
+        if inputs is not None and inputs.reshuffles:
+            advance_dataset(self._epoch_iterator, point.stream_index)
+        stream.resume(point)
+        if point.batches_done > 0:
+            if self._metric_arrays:  # fit() reset the metrics before this hook
+                assign_state(collect_state(self.model, ("metrics",)), self._metric_arrays, groups=("metrics",))
+            self._metric_arrays = None
+            self._skip_through = point.batches_done - 1
+            self._skipper = SkipSteps(self.model, drop=point.drop, epoch_iterator=self._epoch_iterator)
+            self._skipper.install()
+            self._rng_after_skip = point.rng_step
+        elif point.drop > 0:  # an epoch start in the middle of a stream shared by several epochs
+            self._skipper = SkipSteps(
+                self.model,
+                drop=point.drop,
+                epoch_iterator=self._epoch_iterator,
+                before_first_step=lambda: self._restore_rng(point.rng_step),
+            )
+            self._skipper.install()
+        else:
+            self._restore_rng(point.rng_step)
+
+    def _finish_skip(self) -> None:
+        """The last skipped batch's end: the moment the checkpoint was taken."""
+        self._skip_through = None
+        if self._skipper is not None:
+            self._skipper.skipping = False  # the next call trains and puts the original back
+        state, self._rng_after_skip = self._rng_after_skip, None
+        if state is not None:
+            self._restore_rng(state)
+
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        problems = rng.restore(state, self._backend)
+        if problems:
+            warnings.warn(
+                "autockpt: resuming is not bitwise exact: " + "; ".join(problems) + ".",
+                ResumeNotExactWarning,
+                stacklevel=3,
+            )
+
+    def _capture_rng(self) -> dict[str, Any]:
+        return rng.capture(self._backend)
+
+    def _drop_skipper(self) -> None:
+        if self._skipper is not None:
+            self._skipper.uninstall()
+            self._skipper = None
+        self._skip_through = None
+
+    # -- resume points (training thread, at the moment of the checkpoint) -------------------------
+
+    def _mid_epoch_point(self, batch: int) -> ResumePoint:
+        """After ``batch`` of the current epoch: the rerun skips batches 0..batch of it."""
+        stream = self._require_stream()
+        return self._point(
+            epoch=self._epoch,
+            batches_done=batch + 1,
+            stream_index=stream.index,
+            stream_pos=stream.position(),
+            rng_stream=stream.rng,
+        )
+
+    def _epoch_start_point(self, epoch: int) -> ResumePoint:
+        """At ``on_epoch_begin(epoch)``, after the stream bookkeeping: the rerun starts ``epoch``."""
+        stream = self._require_stream()
+        return self._point(
+            epoch=epoch, batches_done=0, stream_index=stream.index, stream_pos=stream.position(), rng_stream=stream.rng
+        )
+
+    def _point(
+        self, *, epoch: int, batches_done: int, stream_index: int, stream_pos: int, rng_stream: dict[str, Any] | None
+    ) -> ResumePoint:
+        step_rng = self._capture_rng()
+        inputs = self.inputs
+        return ResumePoint(
+            epoch=epoch,
+            batches_done=batches_done,
+            stream_index=max(stream_index, 0),
+            stream_pos=stream_pos,
+            rng_stream=rng_stream if rng_stream is not None else step_rng,
+            rng_step=step_rng,
+            steps_per_execution=int(getattr(self.model, "steps_per_execution", 1) or 1),
+            inputs=inputs.kind if inputs is not None else "unknown",
+            problems=inputs.problems if inputs is not None else (),
+        )
+
+    def _save_at_train_end(self, step: int, reason: str) -> None:
+        """The final checkpoint: at the next epoch's start if the last epoch ran to its end."""
+        epoch, batch = self._epoch, self._batch
+        assert batch is not None
+        if self._completed_epoch == epoch and not self._stopped_mid_epoch:
+            index, pos, stream_rng = self._require_stream().next_epoch()
+            point = self._point(
+                epoch=epoch + 1, batches_done=0, stream_index=index, stream_pos=pos, rng_stream=stream_rng
+            )
+        else:
+            point = self._mid_epoch_point(batch)
+        self._save(step, reason, point, epoch=epoch, batch=batch)
+
+    def _is_last_batch(self, batch: int) -> bool:
+        """Whether ``batch`` is the epoch's last (False when the epoch length is not known yet)."""
+        steps = self.params.get("steps") if self.params else None
+        if steps is None and self._epoch_iterator is not None:
+            steps = getattr(self._epoch_iterator, "num_batches", None)  # inferred after a first epoch
+        return steps is not None and batch + 1 >= steps
+
+    # -- preemption (training thread) -----------------------------------------------------------
+
+    def _on_preempted(
+        self, step: int, point: Any, epoch: int, batch: int | None, saved: bool = False
+    ) -> None:
+        """A signal arrived: commit a checkpoint of this step (durable), then exit or continue."""
+        handler = self._preemption
+        assert handler is not None and handler.signum is not None
+        signum = handler.signum
+        name = signal.Signals(signum).name
+        session = self._require_session()
+        if not saved and step != self._last_saved_step:
+            self._save(step, f"preempted by {name}", point(), epoch=epoch, batch=batch)
+        session.flush()  # durable and listed in the manifest before we go on
+        record = session.writer.last_record
+        path = None
+        if record is not None:
+            path = session.storage.local_path(record.name) or f"{session.storage.location.rstrip('/')}/{record.name}"
+        self.preempted = PreemptionRecord(step=step, signal=name, path=path)
+        exiting = self.config.on_preempt == "exit"
+        if self.config.verbose:
+            then = f"exiting with status {exit_code(signum)}" if exiting else "training continues"
+            print(f"autockpt: {name} received; checkpoint of step {step} committed ({path}); {then}", flush=True)
+        if exiting:
+            self._stop_preemption()
+            self._drop_skipper()
+            self._put_back_initial_epoch()
+            raise Preempted(signum, step)
+        handler.clear()
+
+    def _stop_preemption(self) -> None:
+        if self._preemption is not None:
+            self._preemption.uninstall()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -279,16 +622,13 @@ class AutoCheckpoint(keras.callbacks.Callback):
         metrics = self.session.metrics() if self.session is not None else {}
         return {name: float(metrics.get(source, math.nan)) for name, source in LOG_KEYS.items()}
 
-    def _save(self, step: int, reason: str) -> CheckpointEvent:
+    def _save(self, step: int, reason: str, point: ResumePoint, *, epoch: int, batch: int | None) -> CheckpointEvent:
+        """Snapshot the state and ``point`` (captured now) and hand the file to the writer."""
         session = self._require_session()
         copier = self._require_copier()
-        epoch, batch = self._epoch, self._batch
         steps_per_epoch = self.params.get("steps") if self.params else None
-        epoch_done = self._completed_epoch == epoch or (
-            batch is not None and steps_per_epoch is not None and batch + 1 >= steps_per_epoch
-        )
-        next_epoch = epoch + 1 if epoch_done else epoch
-        backend = keras.backend.backend()
+        next_epoch = point.epoch
+        backend = self._backend
         model = self.model
         sizes: list[int] = []
 
@@ -304,14 +644,18 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 backend=backend,
                 keras_version=keras.__version__,
                 keys=list(arrays),
+                resume=point,
             )
-            return make_snapshot(arrays, meta)
+            snap = make_snapshot(arrays, meta)
+            snap.mode = "sync"
+            return snap
 
         manifest_meta = {
             "backend": backend,
             "keras_version": keras.__version__,
             "batch": batch,
             "next_epoch": next_epoch,
+            "batches_done": point.batches_done,
             "steps_per_epoch": steps_per_epoch,
         }
         decision = session.last_decision
@@ -328,6 +672,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             interval_rule=interval.rule if interval is not None else None,
             stall_s=stall,
             nbytes=sizes[0],
+            batches_done=point.batches_done,
         )
         self.events.append(event)
         return event
@@ -366,6 +711,11 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if self.session is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
         return self.session
+
+    def _require_stream(self) -> DataStream:
+        if self._stream is None:
+            raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
+        return self._stream
 
 
 def _build_config(dirpath: str | os.PathLike[str] | None, config: Config | None, values: dict[str, Any]) -> Config:

@@ -6,7 +6,10 @@ Tensors are stored under the keys of :mod:`autockpt_keras.state` (``model/...``,
 ``format`` ("autockpt-keras"), ``format_version`` ("1"), ``step`` (optimizer iterations),
 ``epoch`` (0-based epoch the step belongs to), ``batch`` (0-based batch index in that epoch,
 "-1" if unknown), ``next_epoch`` (the epoch ``fit()`` resumes at), ``backend``,
-``keras_version`` and ``variables`` (JSON list of the keys in collection order).
+``keras_version``, ``variables`` (JSON list of the keys in collection order) and, from
+format version 2, ``resume``: the JSON of a :class:`~autockpt_keras.resume.ResumePoint` (the
+batch position in the data stream and the global generators' states), which exact mid-epoch
+resume needs. Version 1 files (no ``resume``) resume at the start of ``next_epoch``.
 
 Any safetensors reader opens the file (``safetensors.numpy.load_file``); the writer streams
 from the snapshot buffers (``autockpt_core.write_tensor_file``).
@@ -18,6 +21,7 @@ import dataclasses
 import json
 import mmap
 import os
+import warnings
 from typing import IO, Mapping
 
 import numpy as np
@@ -32,10 +36,12 @@ from autockpt_core import (
 )
 from autockpt_core.storage import Storage
 
+from .resume import ResumePoint
+
 FRAMEWORK = "keras"
 SUFFIX = ".safetensors"
 FORMAT = "autockpt-keras"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +56,15 @@ class CheckpointInfo:
     backend: str | None
     keras_version: str | None
     keys: tuple[str, ...]
+    resume: ResumePoint | None = None
 
 
 def file_metadata(
     *, step: int, epoch: int | None, batch: int | None, next_epoch: int, backend: str, keras_version: str,
-    keys: list[str],
+    keys: list[str], resume: ResumePoint | None = None,
 ) -> dict[str, str]:
     """The safetensors ``__metadata__`` (strings only) for one checkpoint."""
-    return {
+    meta = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
         "step": str(step),
@@ -68,6 +75,9 @@ def file_metadata(
         "keras_version": keras_version,
         "variables": json.dumps(keys),
     }
+    if resume is not None:
+        meta["resume"] = resume.to_json()
+    return meta
 
 
 def make_snapshot(arrays: dict[str, np.ndarray], metadata: Mapping[str, str]) -> Snapshot:
@@ -95,8 +105,23 @@ def read_checkpoint_bytes(data: bytes | memoryview, path: str) -> tuple[dict[str
         backend=meta.get("backend"),
         keras_version=meta.get("keras_version"),
         keys=keys,
+        resume=_resume_point(meta.get("resume"), path),
     )
     return arrays, info
+
+
+def _resume_point(text: str | None, path: str) -> ResumePoint | None:
+    if not text:
+        return None
+    try:
+        return ResumePoint.from_json(text)
+    except (ValueError, TypeError, KeyError) as exc:
+        warnings.warn(
+            f"autockpt: {path} has an unreadable resume position ({exc}); resuming at the start of its epoch",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 def _opt_int(text: str | None) -> int | None:

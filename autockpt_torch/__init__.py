@@ -1,5 +1,23 @@
-"""Torch helpers shared by the torch-based adapters: snapshots into reusable host buffers."""
+"""Torch helpers shared by the torch-based adapters: snapshots into reusable host buffers,
+overlapped with the next step (CPU helper thread, CUDA stream or GPU-side copy), and
+torch.save of the copies; ``rng``: capture/restore of the Python, numpy, torch and CUDA
+generators; ``ResumableSampler``: a shuffling sampler a resumed run continues mid-epoch."""
 
-from .snapshot import save_tree, snapshot_tree, torch_buffer_pool
+from .rng import capture_rng, restore_rng
+from .sampler import ResumableSampler
+from .snapshot import save_tree, snapshot_tree
+from .staging import CPU_AUTO_MODE, ModeChoice, PendingCopy, TorchSnapshotter, choose_mode, torch_buffer_pool
 
-__all__ = ["save_tree", "snapshot_tree", "torch_buffer_pool"]
+__all__ = [
+    "CPU_AUTO_MODE",
+    "ModeChoice",
+    "PendingCopy",
+    "ResumableSampler",
+    "TorchSnapshotter",
+    "capture_rng",
+    "choose_mode",
+    "restore_rng",
+    "save_tree",
+    "snapshot_tree",
+    "torch_buffer_pool",
+]

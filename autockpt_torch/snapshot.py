@@ -1,46 +1,35 @@
-"""Copy every torch tensor of a nested state into reusable host buffers.
+"""Copy every torch tensor of a nested state into reusable host buffers, and save the copy.
 
 Phase 1 of a checkpoint for torch-based adapters (Lightning, Keras on the torch backend):
 ``snapshot_tree(state, pool)`` returns a structural copy of ``state`` whose tensors live in
 buffers from ``pool`` (allocated once, reused every checkpoint) and whose other leaves are
-deep copies, so the result no longer aliases live parameters or optimizer state.
+deep copies, so the result no longer aliases live parameters or optimizer state. It is the
+``"sync"`` mode of :class:`autockpt_torch.staging.TorchSnapshotter`, which also overlaps the
+copy with the next step.
 
-Threading: call it on the training thread. The returned tree is then read by the writer
-thread (``torch.save``) while training goes on; the caller must not reuse ``pool`` for the
-next snapshot before that persist finished (``CheckpointSession.save`` waits for it).
+Phase 2: ``save_tree(tree, file)`` is ``torch.save`` of that copy, written from the buffers.
+
+Threading: call ``snapshot_tree`` on the training thread. The returned tree is then read by
+the writer thread (``save_tree``) while training goes on; the caller must not reuse ``pool``
+for the next snapshot before that persist finished (``CheckpointSession.save`` waits for it).
 
 CUDA: buffers are pinned when CUDA is available, device tensors are copied with
-``non_blocking=True`` and the device is synchronized once at the end, so the copies are
-complete when the function returns.
+``non_blocking=True`` on a copy stream and waited for once, so the copies are complete when
+the function returns.
 """
 
 from __future__ import annotations
 
-from typing import IO, Any, Hashable
+import pickle
+from typing import IO, Any
 
 import torch
 
 from autockpt_core import BufferPool
-from autockpt_core.tree import map_tree
+
+from .staging import TorchSnapshotter, torch_buffer_pool
 
 __all__ = ["save_tree", "snapshot_tree", "torch_buffer_pool"]
-
-
-def torch_buffer_pool(pin_memory: bool | None = None) -> BufferPool[torch.Tensor]:
-    """A :class:`BufferPool` of CPU torch tensors (pinned when CUDA is available)."""
-    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-
-    def allocate(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
-
-    def nbytes(buffer: torch.Tensor) -> int:
-        return buffer.numel() * buffer.element_size()
-
-    return BufferPool(allocate=allocate, nbytes=nbytes)
-
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 def snapshot_tree(state: Any, pool: BufferPool[torch.Tensor], threads: int | None = 1) -> tuple[Any, int]:
@@ -57,39 +46,9 @@ def snapshot_tree(state: Any, pool: BufferPool[torch.Tensor], threads: int | Non
     None keeps the current setting. A host copy is memory-bound, and torch's multi-threaded
     copy stalls when another process holds a core: on the 2-core CI machines under load,
     copying 2.6 MB took 0.2 ms with 1 thread and 5-100 ms with 2 (160 MB: 24 ms vs 13-80 ms).
-    Device-to-host copies do not use these threads.
+    Contiguous CPU tensors are copied through numpy (one thread, GIL released) either way.
     """
-    total = 0
-    synchronize = False
-    seen: set[Hashable] = set()
-
-    def copy_leaf(path: str, tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total, synchronize
-        src = tensor.detach()
-        total += src.numel() * src.element_size()
-        if src.layout != torch.strided or src.is_quantized:
-            return src.to("cpu", copy=True)
-        key: Hashable = path
-        while key in seen:
-            key = (key, "dup")
-        seen.add(key)
-        buffer = pool.get(key, tuple(src.shape), src.dtype)
-        on_cuda = src.is_cuda
-        buffer.copy_(src, non_blocking=on_cuda)
-        synchronize = synchronize or on_cuda
-        return buffer
-
-    previous = torch.get_num_threads()
-    switch = threads is not None and threads != previous
-    if switch:
-        torch.set_num_threads(threads)  # type: ignore[arg-type]
-    try:
-        copied = map_tree(state, _is_tensor, copy_leaf)
-    finally:
-        if switch:
-            torch.set_num_threads(previous)
-    if synchronize:
-        torch.cuda.synchronize()
+    copied, total, _pending = TorchSnapshotter("sync", threads=threads).snapshot(state, pool)
     return copied, total
 
 
@@ -112,16 +71,45 @@ class _WriteErrorKeeper:
         self._raw.flush()
 
 
-def save_tree(tree: Any, file: IO[bytes]) -> None:
+def save_tree(tree: Any, file: IO[bytes], *, zip_crc32: bool = True) -> None:
     """``torch.save(tree, file)``, re-raising the file's own write error when there was one.
 
     When ``file.write`` raises (say ENOSPC), torch.save's zip writer reports a follow-up
     "unexpected pos" RuntimeError instead; the original error says what to fix.
+
+    What torch.save does with the buffers (torch 2.13, checked): each CPU storage goes to
+    ``file.write`` as one memoryview of the tensor's memory (no copy), between ~40 small
+    writes of zip headers and the pickle per tensor (``HashingWriter(coalesce=...)`` gathers
+    those). Its zip writer also computes a CRC-32 of every record: a second pass over all the
+    bytes, on top of the whole-file CRC-32 autockpt's storage computes. ``zip_crc32=False``
+    skips the zip's own CRC through torch's private ``_save`` with a writer built without it
+    (the per-record CRC fields stay 0; ``torch.load`` and Lightning load the file, ``zipfile``
+    tools report CRC errors); autockpt's manifest checksum still covers every byte. If torch's
+    private API changed, it falls back to ``torch.save``.
     """
     keeper = _WriteErrorKeeper(file)
     try:
-        torch.save(tree, keeper)  # type: ignore[arg-type]
+        if zip_crc32 or not _save_without_zip_crc(tree, keeper):
+            torch.save(tree, keeper)  # type: ignore[arg-type]
     except Exception:
         if keeper.error is not None:
             raise keeper.error from None
         raise
+
+
+def _save_without_zip_crc(tree: Any, file: Any) -> bool:
+    """torch.save's zip path with the record CRCs off; False (nothing written) if unavailable."""
+    serialization = torch.serialization
+    save = getattr(serialization, "_save", None)
+    alignment = getattr(serialization, "_get_storage_alignment", None)
+    writer_type = getattr(torch._C, "PyTorchFileWriter", None)
+    if save is None or alignment is None or writer_type is None:
+        return False
+    try:
+        writer = writer_type(file, False, alignment())
+    except TypeError:  # another constructor signature
+        return False
+    save(tree, writer, pickle, serialization.DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+    file.flush()
+    return True

@@ -78,7 +78,7 @@ class HookedStorage(LocalStorage):
 
 
 def test_public_api() -> None:
-    assert autockpt_lightning.__all__ == ["AutoCheckpoint", "latest_checkpoint"]
+    assert autockpt_lightning.__all__ == ["AutoCheckpoint", "ResumableSampler", "latest_checkpoint"]
 
 
 def test_constructor_mirrors_every_config_field() -> None:

@@ -44,7 +44,13 @@ def make_state() -> dict[str, Any]:
 
 
 def test_public_api() -> None:
-    assert autockpt_torch.__all__ == ["save_tree", "snapshot_tree", "torch_buffer_pool"]
+    assert set(autockpt_torch.__all__) >= {
+        "CPU_AUTO_MODE", "ModeChoice", "PendingCopy", "TorchSnapshotter", "choose_mode",
+        "save_tree", "snapshot_tree", "torch_buffer_pool",
+    }
+    public = {n for n in dir(autockpt_torch) if not n.startswith("_")}
+    modules = {n for n in public if type(getattr(autockpt_torch, n)).__name__ == "module"}
+    assert set(autockpt_torch.__all__) == public - modules
 
 
 def test_copy_is_independent_and_keeps_structure() -> None:

@@ -1,0 +1,209 @@
+"""Preemption: turn termination signals into a flag that the training loop acts on.
+
+A scheduler that preempts a job (SLURM, Kubernetes, spot instances) sends a signal (SIGTERM,
+or a configurable warning signal such as SIGUSR1) some time before it kills the process. The
+signal handler here does one thing: it records that the signal arrived. It never saves, locks
+or allocates, because a handler runs between two bytecodes of the main thread, possibly
+inside the checkpoint code itself. The adapter checks the flag at the next step boundary,
+commits an emergency checkpoint (waiting until it is durable), then exits or continues.
+
+API (framework-free; both adapters use it)::
+
+    handler = PreemptionHandler(("SIGTERM", "SIGUSR1"))   # or Config.signals
+    handler.install()           # training thread = main thread, at train start
+    ...                         # after each optimizer step:
+    if handler.requested:       # a signal arrived since the last clear()
+        save_and_wait()
+        if on_preempt == "exit":
+            raise Preempted(handler.signum)     # SystemExit(128 + signum)
+        handler.clear()
+    ...
+    handler.uninstall()         # at train end / on exception: previous handlers are back
+
+Chaining: ``install`` remembers the handlers that were installed before and calls a previous
+*Python* handler after setting the flag, so a framework's or the user's own handler still runs
+(Lightning's SIGTERM handler, for one, then stops the fit after the current step). A previous
+``SIG_DFL`` or ``SIG_IGN`` is not called: replacing "terminate now" with "checkpoint, then
+exit" is the point. ``uninstall`` puts the previous handlers back; if another component
+installed its own handler on top of ours meanwhile, that one is left in place and ours only
+stops recording (it then forwards the signal as the previous handler would have handled it).
+
+Threading: Python runs signal handlers in the main thread only, and ``signal.signal`` may only
+be called there; ``install`` on another thread installs nothing, logs why and returns False
+(``requested`` then stays False; the adapter's periodic checkpoints still work).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any, Callable, Iterable, Union
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "ON_PREEMPT",
+    "Preempted",
+    "PreemptionHandler",
+    "exit_code",
+    "signal_names",
+]
+
+log = logging.getLogger("autockpt")
+
+DEFAULT_SIGNALS: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+ON_PREEMPT: tuple[str, ...] = ("exit", "continue")
+_UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+
+_Handler = Union[Callable[[int, Any], Any], int, None]
+
+
+def signal_names(values: Iterable[str | int]) -> tuple[str, ...]:
+    """Canonical names (``"SIGTERM"``) for names, short names (``"TERM"``, ``"usr1"``) or numbers.
+
+    Raises ``ValueError`` naming the bad entry for a signal this platform does not have or one
+    that cannot be caught (SIGKILL, SIGSTOP). Duplicates are dropped, order kept.
+    """
+    names: list[str] = []
+    for value in values:
+        if isinstance(value, bool):
+            raise ValueError(f"{value!r} is not a signal")
+        if isinstance(value, int):
+            try:
+                name = signal.Signals(value).name
+            except ValueError:
+                raise ValueError(f"{value} is not a signal number on this platform") from None
+        elif isinstance(value, str):
+            text = value.strip().upper()
+            name = text if text.startswith("SIG") else "SIG" + text
+            if not isinstance(getattr(signal, name, None), signal.Signals):
+                raise ValueError(f"{value!r} is not a signal on this platform")
+        else:
+            raise ValueError(f"{value!r} is not a signal name")
+        if name in _UNCATCHABLE:
+            raise ValueError(f"{name} cannot be caught, so it cannot trigger a checkpoint")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def exit_code(signum: int) -> int:
+    """The exit status a preempted run ends with: 128 + signal number (143 for SIGTERM).
+
+    It is what a shell reports for a process stopped by that signal, so job scripts and
+    schedulers treat the run as terminated (and a batch script can requeue on it).
+    """
+    return 128 + int(signum)
+
+
+class Preempted(SystemExit):
+    """Raised by an adapter after the emergency checkpoint is durable (``on_preempt="exit"``).
+
+    A ``SystemExit``: uncaught, the interpreter exits quietly with :func:`exit_code`.
+    """
+
+    def __init__(self, signum: int, step: int | None = None) -> None:
+        self.signum = int(signum)
+        self.step = step
+        super().__init__(exit_code(self.signum))
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class PreemptionHandler:
+    """Records which of ``signals`` arrived; see the module docstring for the protocol.
+
+    ``requested`` and ``signum`` are safe to read from any thread. The handler itself only
+    assigns two attributes (atomic under the GIL) and calls a chained previous handler.
+    """
+
+    def __init__(self, signals: Iterable[str | int] = DEFAULT_SIGNALS, *, chain: bool = True) -> None:
+        self.signals = signal_names(signals)
+        self.chain = chain
+        self.signum: int | None = None  # the first signal since the last clear()
+        self.count = 0  # signals received since install()
+        self._previous: dict[int, _Handler] = {}
+        self._installed = False
+
+    # -- training thread ---------------------------------------------------------------------
+
+    @property
+    def requested(self) -> bool:
+        """True once one of the signals arrived (until ``clear``)."""
+        return self.signum is not None
+
+    @property
+    def signal_name(self) -> str | None:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def clear(self) -> None:
+        """Forget the received signal (``on_preempt="continue"``, after the checkpoint)."""
+        self.signum = None
+
+    def install(self) -> bool:
+        """Install the handler for every signal; True when installed (main thread only)."""
+        if self._installed:
+            return True
+        if not self.signals:
+            return False
+        if threading.current_thread() is not threading.main_thread():
+            log.warning(
+                "autockpt: not installing preemption handlers for %s: signal handlers can only be "
+                "installed from the main thread (training runs in %r)",
+                ", ".join(self.signals),
+                threading.current_thread().name,
+            )
+            return False
+        self.signum = None
+        self.count = 0
+        self._previous = {}
+        for name in self.signals:
+            signum = int(getattr(signal, name))
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+        self._installed = True
+        return True
+
+    def uninstall(self) -> None:
+        """Put the previous handlers back (where ours is still the installed one)."""
+        if not self._installed:
+            return
+        self._installed = False
+        if threading.current_thread() is not threading.main_thread():
+            return  # cannot touch handlers here; ours now only forwards (see _handle)
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+    def __enter__(self) -> "PreemptionHandler":
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    # -- signal handler (main thread, between two bytecodes) ---------------------------------
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._previous.get(signum)
+        if not self._installed:
+            # Stale: someone re-installed us after uninstall(). Behave as the previous handler.
+            if callable(previous):
+                previous(signum, frame)
+            elif previous in (signal.SIG_DFL, None):
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        self.count += 1
+        if self.signum is None:
+            self.signum = signum
+        if self.chain and callable(previous):
+            previous(signum, frame)

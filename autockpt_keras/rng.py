@@ -1,0 +1,127 @@
+"""Capture and restore the global random generators a Keras training process draws from.
+
+On top of :mod:`autockpt_core.rng` (Python ``random``, numpy's global generator) and, on the
+torch backend, :mod:`autockpt_torch.rng` (torch CPU and initialized CUDA generators), this
+adds the generators only Keras and TensorFlow have:
+
+- ``keras_seed``: the state of Keras' global ``SeedGenerator``, which ``keras.random.*``
+  draws from when no ``seed`` is passed (layers such as ``Dropout`` own their
+  ``SeedGenerator``; those are model variables and live in the checkpoint's tensors).
+  Restoring creates it when the resumed process has none yet.
+- ``tf_global``: TensorFlow's global ``tf.random.Generator``, if the process created one
+  (``tf.random.get_global_generator()``). Capture never creates it.
+
+Not covered (stateful TensorFlow ops such as ``tf.random.uniform`` without a generator keep
+their state inside op kernels; user-created generator objects): see ``docs/reliability.md``.
+
+Everything is plain JSON, so it goes into the safetensors header. Call order and threading:
+:func:`capture` and :func:`restore` run on the training thread, between steps, at matching
+points of the original and the resumed run (the callback's docstring says which).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from autockpt_core import rng as core_rng
+
+__all__ = ["capture", "restore"]
+
+
+def capture(backend: str) -> dict[str, Any]:
+    """The state of every global generator of this process, as plain JSON."""
+    if backend == "torch":
+        from autockpt_torch import rng as torch_rng
+
+        state = torch_rng.capture_rng()
+    else:
+        state = core_rng.capture_rng()
+    keras_seed = _keras_seed_state()
+    if keras_seed is not None:
+        state["keras_seed"] = keras_seed
+    tf_global = _tf_global_state()
+    if tf_global is not None:
+        state["tf_global"] = tf_global
+    return state
+
+
+def restore(state: dict[str, Any], backend: str) -> list[str]:
+    """Set the generators to ``state`` (from :func:`capture`); returns what could not be restored.
+
+    The Keras global ``SeedGenerator`` is restored before Python's generator, because creating
+    it draws its seed from Python's ``random``.
+    """
+    problems: list[str] = []
+    if "keras_seed" in state:
+        _restore_keras_seed(state["keras_seed"])
+    if backend == "torch":
+        from autockpt_torch import rng as torch_rng
+
+        problems.extend(torch_rng.restore_rng(state))
+    else:
+        core_rng.restore_rng(state)
+    if "tf_global" in state:
+        problem = _restore_tf_global(state["tf_global"])
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+# -- Keras global SeedGenerator --------------------------------------------------------------------
+
+
+def _keras_seed_state() -> list[int] | None:
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    gen = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    if gen is None:
+        return None
+    return [int(v) for v in _to_numpy(gen.state.value).reshape(-1)]
+
+
+def _restore_keras_seed(values: list[int]) -> None:
+    import numpy as np
+    from keras.src.random import seed_generator
+
+    gen = seed_generator.global_seed_generator()  # created (drawing from Python's random) if absent
+    current = _to_numpy(gen.state.value)
+    gen.state.assign(np.asarray(values, dtype=current.dtype).reshape(current.shape))
+
+
+def _to_numpy(value: Any) -> Any:
+    import keras
+
+    return keras.ops.convert_to_numpy(value)
+
+
+# -- TensorFlow's global tf.random.Generator -------------------------------------------------------
+
+
+def _tf_global_state() -> dict[str, Any] | None:
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        from tensorflow.python.ops import stateful_random_ops
+    except ImportError:  # pragma: no cover - a TensorFlow without this module
+        return None
+    gen = getattr(stateful_random_ops, "global_generator", None)
+    if gen is None:
+        return None
+    return {"algorithm": int(gen.algorithm), "state": [int(v) for v in gen.state.numpy().reshape(-1)]}
+
+
+def _restore_tf_global(saved: dict[str, Any]) -> str | None:
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return "the checkpoint holds TensorFlow's global generator state, but TensorFlow is not installed"
+    gen = tf.random.get_global_generator()
+    if int(gen.algorithm) != int(saved["algorithm"]):
+        return (
+            f"TensorFlow's global generator uses algorithm {int(gen.algorithm)}, the checkpoint's "
+            f"{saved['algorithm']}"
+        )
+    gen.reset(tf.constant(saved["state"], dtype=gen.state.dtype))
+    return None

@@ -1,0 +1,155 @@
+"""Child side of the fault harness: runs inside the training script under test.
+
+The parent (``harness.py``) passes one fault per process in the environment:
+
+- ``AUTOCKPT_FAULT_PLAN``: JSON ``{"phase": ..., "nth" or "at": ..., "action": ...}``
+  (absent: no fault);
+- ``AUTOCKPT_FAULT_LOG``: a file the child appends one JSON line to right before acting, so the
+  parent can check that the fault happened where it was planned.
+
+Phases, and where the script reports them:
+
+=============  ==========================================================================
+``step``       the script calls ``plan.hit("step", step=s)`` inside every training step;
+               ``at`` is the global step (0-based, before the step's update)
+``snapshot``   the script calls ``plan.hit("snapshot")`` inside the snapshot (phase 1)
+``persist``    ``FaultStorage``: the checkpoint file is half written (temporary name)
+``commit``     ``FaultStorage``: the file is renamed into place, the manifest not yet written
+``retention``  ``FaultStorage``: the manifest dropped an old record, its file not yet deleted
+=============  ==========================================================================
+
+``nth`` counts hits of that phase in this process (1 = first). Actions: ``kill`` (SIGKILL
+itself: nothing runs after it, not even ``finally`` blocks or the writer thread),
+``sigterm`` (sends itself SIGTERM and goes on: the preemption path), ``enospc`` / ``eacces``
+(the write raises ``OSError``; persist phase only).
+
+Framework-free (stdlib and autockpt_core only). Test-only: nothing in the library reads these
+variables.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+from typing import IO, Any, Callable
+
+from autockpt_core import MANIFEST_NAME, LocalStorage, WriteResult
+
+PLAN_ENV = "AUTOCKPT_FAULT_PLAN"
+LOG_ENV = "AUTOCKPT_FAULT_LOG"
+PHASES = ("step", "snapshot", "persist", "commit", "retention")
+ACTIONS = ("kill", "sigterm", "enospc", "eacces")
+
+
+class FaultPlan:
+    """The fault for this process (or none); ``hit(phase)`` acts when the plan says so."""
+
+    def __init__(self, plan: dict[str, Any] | None, log_path: str | None = None) -> None:
+        self.plan = plan or {}
+        self.log_path = log_path
+        self.counts: dict[str, int] = {}
+        self.done = False
+        if self.plan:
+            if self.plan.get("phase") not in PHASES:
+                raise ValueError(f"unknown fault phase {self.plan.get('phase')!r}; known: {PHASES}")
+            if self.plan.get("action", "kill") not in ACTIONS:
+                raise ValueError(f"unknown fault action {self.plan.get('action')!r}; known: {ACTIONS}")
+
+    @classmethod
+    def from_env(cls) -> "FaultPlan":
+        raw = os.environ.get(PLAN_ENV)
+        return cls(json.loads(raw) if raw else None, os.environ.get(LOG_ENV))
+
+    @property
+    def action(self) -> str:
+        return str(self.plan.get("action", "kill"))
+
+    def due(self, phase: str, step: int | None = None) -> bool:
+        """Count a hit of ``phase``; True when the plan's fault happens at this hit."""
+        if not self.plan or self.done or self.plan["phase"] != phase:
+            return False
+        self.counts[phase] = self.counts.get(phase, 0) + 1
+        if "at" in self.plan:
+            return step is not None and step >= int(self.plan["at"])
+        return self.counts[phase] >= int(self.plan.get("nth", 1))
+
+    def hit(self, phase: str, step: int | None = None, **info: Any) -> None:
+        """Report reaching ``phase``; kills or signals this process when the plan says so."""
+        if not self.due(phase, step):
+            return
+        self.done = True
+        self.log(phase=phase, step=step, action=self.action, **info)
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.action == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            raise self.error()
+
+    def error(self) -> OSError:
+        if self.action == "eacces":
+            return PermissionError(errno.EACCES, "Permission denied (injected)")
+        return OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    def log(self, **event: Any) -> None:
+        if self.log_path:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+
+class _HalfWayFile:
+    """Passes writes through; calls ``at_half()`` once after the first ``half`` bytes."""
+
+    def __init__(self, raw: IO[bytes], half: int, at_half: Callable[[], None]) -> None:
+        self._raw, self._left, self._at_half = raw, half, at_half
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self._left is None or len(view) < self._left:
+            if self._left is not None:
+                self._left -= len(view)
+            return self._raw.write(view)
+        head, tail = view[: self._left], view[self._left :]
+        self._raw.write(head)
+        self._raw.flush()
+        self._left = None
+        self._at_half()  # kills the process or raises, when the plan says so
+        self._raw.write(tail)
+        return len(view)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+class FaultStorage(LocalStorage):
+    """LocalStorage that reports the persist, commit and retention phases to a :class:`FaultPlan`.
+
+    ``suffix`` selects the checkpoint files (``.ckpt`` for Lightning, ``.safetensors`` for
+    Keras); ``half`` is how many bytes of a checkpoint file are written before the persist
+    phase is reported.
+    """
+
+    def __init__(self, root: str, plan: FaultPlan, suffix: str, half: int = 4096) -> None:
+        super().__init__(root)
+        self.plan, self.suffix, self.half = plan, suffix, half
+
+    def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
+        if name == MANIFEST_NAME:
+            self.plan.hit("commit", name=name)
+            return super().write_atomic(name, write)
+        if not name.endswith(self.suffix):
+            return super().write_atomic(name, write)
+
+        def at_half() -> None:
+            self.plan.hit("persist", name=name)
+
+        return super().write_atomic(name, lambda f: write(_HalfWayFile(f, self.half, at_half)))  # type: ignore[arg-type]
+
+    def delete(self, name: str) -> None:
+        if name.endswith(self.suffix):
+            self.plan.hit("retention", name=name)
+        super().delete(name)

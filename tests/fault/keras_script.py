@@ -1,0 +1,187 @@
+"""Keras training script for the fault harness (contract: see harness.py).
+
+``python -m tests.fault.keras_script DIRPATH OUT [--baseline] [--backend tensorflow|torch]
+[--inputs arrays|pydataset|tfdata|repeat|dataloader] [--epochs N] [--every K]
+[--steps-per-epoch S] [--val] [--async-persist 0|1] [--seed N]``
+
+A small MLP with dropout and batch normalization, Adam with a per-step decaying learning
+rate, on shuffled synthetic data: 96 samples, batch 8, so 12 steps per epoch (``--inputs
+repeat`` and ``--steps-per-epoch`` change how epochs cut the data). Input types:
+
+- ``arrays``: numpy arrays, ``fit(shuffle=True)``;
+- ``pydataset``: a ``keras.utils.PyDataset`` that draws a random crop offset per batch from
+  numpy's global generator in ``__getitem__`` and is shuffled by ``fit()``;
+- ``tfdata``: ``tf.data`` with ``.shuffle()`` (reshuffled every epoch, seed from the global
+  seed) and a random-noise ``map`` with an op seed;
+- ``repeat``: the same pipeline ``.repeat()``-ed, with ``steps_per_epoch`` 10 (epochs share
+  one iterator and cut through the passes);
+- ``dataloader`` (torch backend): a torch ``DataLoader(shuffle=True)``.
+
+The callback checkpoints every ``--every`` steps (dense, so faults land in every phase),
+keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
+reported in ``on_train_batch_begin`` (skipped batches of a resumed epoch report the
+checkpoint's step), ``snapshot`` inside the callback's snapshot, the storage phases through
+``FaultStorage``. ``OUT`` gets every model and optimizer variable, by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Any
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dirpath")
+    parser.add_argument("out")
+    parser.add_argument("--baseline", action="store_true")
+    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"))
+    parser.add_argument("--inputs", default="arrays", choices=["arrays", "pydataset", "tfdata", "repeat", "dataloader"])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--every", type=int, default=3)
+    parser.add_argument("--steps-per-epoch", type=int, default=None)
+    parser.add_argument("--val", action="store_true")
+    parser.add_argument("--async-persist", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+ARGS = _parse(sys.argv[1:] if __name__ == "__main__" else [])
+os.environ["KERAS_BACKEND"] = ARGS.backend
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+if ARGS.backend == "tensorflow" or ARGS.inputs in ("tfdata", "repeat"):
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.experimental.enable_op_determinism()
+if ARGS.backend == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+import keras  # noqa: E402
+
+import autockpt_keras.callback as callback_module  # noqa: E402
+from autockpt_keras import AutoCheckpoint  # noqa: E402
+from tests.fault.child import FaultPlan, FaultStorage  # noqa: E402
+
+PLAN = FaultPlan.from_env()
+SAMPLES, BATCH, FEATURES = 96, 8, 10
+
+
+def make_model() -> Any:
+    inputs = keras.Input((8,), name="x")
+    h = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Dropout(0.25, name="drop")(h)
+    outputs = keras.layers.Dense(1, name="out")(h)
+    model = keras.Model(inputs, outputs, name="net")
+    lr = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=5, decay_rate=0.9)
+    model.compile(optimizer=keras.optimizers.Adam(lr, name="adam"), loss="mse", metrics=["mae"])
+    return model
+
+
+def make_data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1234)
+    x = rng.normal(size=(SAMPLES, FEATURES)).astype("float32")
+    y = (x[:, :8].sum(axis=1, keepdims=True) + 0.1 * rng.normal(size=(SAMPLES, 1))).astype("float32")
+    return x, y
+
+
+class CropDataset(keras.utils.PyDataset):
+    """Batches of 8 features cut at a random offset (numpy's global generator) from 10."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        offset = int(np.random.randint(0, FEATURES - 8 + 1))
+        rows = slice(i * BATCH, (i + 1) * BATCH)
+        return self.x[rows, offset : offset + 8], self.y[rows]
+
+
+def fit_inputs(x: np.ndarray, y: np.ndarray) -> tuple[Any, dict[str, Any]]:
+    """What ``fit()`` gets as data, and the matching keyword arguments."""
+    kwargs: dict[str, Any] = {"steps_per_epoch": ARGS.steps_per_epoch}
+    x8 = x[:, :8]
+    if ARGS.inputs == "arrays":
+        return (x8, y), {**kwargs, "batch_size": BATCH, "shuffle": True}
+    if ARGS.inputs == "pydataset":
+        return (CropDataset(x, y),), {**kwargs, "shuffle": True}
+    if ARGS.inputs in ("tfdata", "repeat"):
+        ds = tf.data.Dataset.from_tensor_slices((x8, y)).shuffle(SAMPLES)
+        ds = ds.map(lambda a, b: (a + tf.random.normal(tf.shape(a), stddev=0.01, seed=5), b))
+        ds = ds.batch(BATCH)
+        if ARGS.inputs == "repeat":
+            ds = ds.repeat()
+            kwargs["steps_per_epoch"] = ARGS.steps_per_epoch or 10
+        return (ds,), kwargs
+    if ARGS.inputs == "dataloader":
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.from_numpy(x8), torch.from_numpy(y))
+        return (DataLoader(data, batch_size=BATCH, shuffle=True),), kwargs
+    raise ValueError(ARGS.inputs)
+
+
+class StepProbe(keras.callbacks.Callback):
+    """Reports the ``step`` phase before each batch's update (the fault may kill here)."""
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        PLAN.hit("step", step=int(self.model.optimizer.iterations.numpy()), batch=batch)
+
+
+def _hook_snapshot() -> None:
+    """Report the ``snapshot`` phase inside the callback's snapshot (after the copy)."""
+    original = callback_module.make_snapshot
+
+    def make_snapshot(arrays: Any, meta: Any) -> Any:
+        PLAN.hit("snapshot", step=int(meta["step"]))
+        return original(arrays, meta)
+
+    callback_module.make_snapshot = make_snapshot
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore", message=".*ran out of data.*")
+    keras.utils.set_random_seed(ARGS.seed)
+    model = make_model()
+    x, y = make_data()
+    data, kwargs = fit_inputs(x, y)
+    callbacks: list[Any] = []
+    if not ARGS.baseline:
+        _hook_snapshot()
+        storage = FaultStorage(ARGS.dirpath, PLAN, suffix=".safetensors", half=2048)
+        callbacks.append(
+            AutoCheckpoint(
+                ARGS.dirpath,
+                every_n_steps=ARGS.every,
+                keep_last=2,
+                async_persist=bool(ARGS.async_persist),
+                storage=storage,
+            )
+        )
+    callbacks.append(StepProbe())
+    validation = (x[:32, :8], y[:32]) if ARGS.val else None
+    model.fit(*data, epochs=ARGS.epochs, verbose=0, callbacks=callbacks, validation_data=validation, **kwargs)
+    weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.variables}
+    weights.update({f"optimizer/{v.path}": keras.ops.convert_to_numpy(v.value) for v in model.optimizer.variables})
+    tmp = ARGS.out + ".tmp.npz"
+    np.savez(tmp, **weights)
+    os.replace(tmp, ARGS.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

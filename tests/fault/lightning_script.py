@@ -1,0 +1,154 @@
+"""Lightning training script for the fault harness (contract: see harness.py).
+
+``python -m tests.fault.lightning_script DIRPATH OUT [--baseline] [--loader stateful|sampler|iterable]
+[--epochs N] [--every K] [--val] [--async-persist 0|1]``
+
+A small MLP with dropout, Adam and a per-step StepLR, on shuffled synthetic data: 96 samples,
+batch 8, so 12 steps per epoch; a shuffled validation loader runs after each epoch (with
+``--val``). The callback checkpoints every ``--every`` steps (dense, so faults land in every
+phase), keeps 2, and resumes automatically. Faults come from ``tests.fault.child``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+torch.set_num_threads(1)
+
+import lightning.pytorch as pl  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+from autockpt_lightning import AutoCheckpoint, ResumableSampler  # noqa: E402
+from tests.fault.child import FaultPlan, FaultStorage  # noqa: E402
+
+PLAN = FaultPlan.from_env()
+
+
+class Net(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        PLAN.hit("step", step=self.trainer.global_step)
+        x, y = batch
+        return F.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.net(x), y))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        PLAN.hit("snapshot", step=self.trainer.global_step)  # inside dump_checkpoint: phase 1
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.Adam(self.parameters(), lr=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Stream(IterableDataset):
+    """An unsized, stateful stream over the samples (in a per-pass shuffled order)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+        self.pos, self.rounds = 0, 0
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(self.rounds))
+        while self.pos < len(order):
+            i = int(order[self.pos])
+            self.pos += 1
+            yield self.x[i], self.y[i]
+        self.pos, self.rounds = 0, self.rounds + 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos, "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos, self.rounds = state["pos"], state["rounds"]
+
+
+class Data(pl.LightningDataModule):
+    def __init__(self, loader: str, val: bool) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(96, 8, generator=gen)
+        self.y = self.x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(96, 1, generator=gen)
+        self.loader, self.val = loader, val
+
+    def train_dataloader(self) -> Any:
+        data = TensorDataset(self.x, self.y)
+        if self.loader == "stateful":
+            return StatefulDataLoader(data, batch_size=8, shuffle=True)
+        if self.loader == "sampler":
+            return DataLoader(data, batch_size=8, sampler=ResumableSampler(data, shuffle=True, seed=7))
+        if self.loader == "iterable":
+            return StatefulDataLoader(Stream(self.x, self.y), batch_size=8)
+        raise ValueError(self.loader)
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(TensorDataset(self.x[:32], self.y[:32]), batch_size=16, shuffle=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dirpath")
+    parser.add_argument("out")
+    parser.add_argument("--baseline", action="store_true")
+    parser.add_argument("--loader", default="stateful", choices=["stateful", "sampler", "iterable"])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--val", action="store_true")
+    parser.add_argument("--async-persist", type=int, default=1)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
+
+    pl.seed_everything(0, verbose=False)
+    model = Net()
+    callbacks: list[pl.Callback] = []
+    if not args.baseline:
+        storage = FaultStorage(args.dirpath, PLAN, suffix=".ckpt", half=2048)
+        callbacks.append(
+            AutoCheckpoint(
+                args.dirpath,
+                every_n_steps=args.every,
+                keep_last=2,
+                async_persist=bool(args.async_persist),
+                storage=storage,
+            )
+        )
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=2 if args.val else 0,
+        default_root_dir=os.path.dirname(os.path.abspath(args.out)),
+        callbacks=callbacks,
+    )
+    trainer.fit(model, Data(args.loader, args.val))
+    weights = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    tmp = args.out + ".tmp.npz"
+    np.savez(tmp, **weights)
+    os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
