@@ -4,6 +4,9 @@
 ``autockpt demo``         train small synthetic models with Lightning and Keras (needs extras).
 ``autockpt plan``         the checkpoint interval each policy gives for stated costs, and autockpt's choice.
 ``autockpt simulate``     compare checkpoint policies under simulated failures (table and PNG plot).
+``autockpt bench``        snapshot stall, persist throughput, memory and training slowdown vs the
+                          physical limits and Lightning's/Keras' checkpointing (frameworks run in
+                          subprocesses).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-from . import cli_demo, cli_inspect, cli_plan, cli_simulate
+from . import cli_bench, cli_demo, cli_inspect, cli_plan, cli_simulate
 
 # name -> (register arguments, run). Later subcommands (plan, simulate, bench) add themselves here.
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -21,6 +24,7 @@ COMMANDS: dict[str, Command] = {
     "demo": (cli_demo.add_arguments, cli_demo.run, cli_demo.HELP),
     "plan": (cli_plan.add_arguments, cli_plan.run, cli_plan.HELP),
     "simulate": (cli_simulate.add_arguments, cli_simulate.run, cli_simulate.HELP),
+    "bench": (cli_bench.add_arguments, cli_bench.run, cli_bench.HELP),
 }
 
 

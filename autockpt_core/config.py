@@ -256,7 +256,7 @@ def _check_signals(value: Any) -> tuple[str, ...]:
         value = [v for v in value.replace(",", " ").split() if v]
     if not isinstance(value, (list, tuple)):
         raise ConfigError(
-            "signals", value, "must be a list of signal names", "pass e.g. signals=('SIGTERM', 'SIGUSR1'), or () for none"
+            "signals", value, "must be a list of signal names", "pass e.g. signals=('SIGTERM', 'SIGUSR1'), or ()"
         )
     try:
         return signal_names(value)

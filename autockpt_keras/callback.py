@@ -318,7 +318,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._deferred = None
         self._rng_after_skip = None
         self._epoch_iterator = find_epoch_iterator()
-        self._stream = DataStream(self._epoch_iterator, self._capture_rng)
+        self._stream = DataStream(self._epoch_iterator, self._capture_rng, backend)
         self.inputs = inspect_inputs(self._epoch_iterator, backend)
         if self.inputs.problems:
             warnings.warn(
@@ -401,6 +401,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         session = self._require_session()
         self._put_back_initial_epoch()
         self._drop_skipper()
+        self._require_stream().close()
         try:
             step = self._global_step()
             due = self._deferred is not None and self._deferred[0] == step
@@ -476,7 +477,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._restore_rng(point.rng_stream)  # the data iterator of this epoch is created after this hook
         inputs = self.inputs
         if inputs is not None and inputs.reshuffles:
-            advance_dataset(self._epoch_iterator, point.stream_index)
+            advance_dataset(self._epoch_iterator, point.iterators_before)
         stream.resume(point)
         if point.batches_done > 0:
             if self._metric_arrays:  # fit() reset the metrics before this hook
@@ -504,10 +505,13 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._skipper.skipping = False  # the next call trains and puts the original back
         state, self._rng_after_skip = self._rng_after_skip, None
         if state is not None:
-            self._restore_rng(state)
+            # A data pipeline that draws from Python's/numpy's generators in a background thread
+            # has drawn ahead by a varying number of batches: its draws are already in step.
+            threaded = self.inputs is not None and self.inputs.pipeline_thread
+            self._restore_rng(state, keep=("python", "numpy") if threaded else ())
 
-    def _restore_rng(self, state: dict[str, Any]) -> None:
-        problems = rng.restore(state, self._backend)
+    def _restore_rng(self, state: dict[str, Any], keep: tuple[str, ...] = ()) -> None:
+        problems = rng.restore(state, self._backend, keep=keep)
         if problems:
             warnings.warn(
                 "autockpt: resuming is not bitwise exact: " + "; ".join(problems) + ".",
@@ -528,34 +532,23 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     def _mid_epoch_point(self, batch: int) -> ResumePoint:
         """After ``batch`` of the current epoch: the rerun skips batches 0..batch of it."""
-        stream = self._require_stream()
-        return self._point(
-            epoch=self._epoch,
-            batches_done=batch + 1,
-            stream_index=stream.index,
-            stream_pos=stream.position(),
-            rng_stream=stream.rng,
-        )
+        return self._point(self._epoch, batch + 1, self._require_stream().current())
 
     def _epoch_start_point(self, epoch: int) -> ResumePoint:
         """At ``on_epoch_begin(epoch)``, after the stream bookkeeping: the rerun starts ``epoch``."""
-        stream = self._require_stream()
-        return self._point(
-            epoch=epoch, batches_done=0, stream_index=stream.index, stream_pos=stream.position(), rng_stream=stream.rng
-        )
+        return self._point(epoch, 0, self._require_stream().current())
 
-    def _point(
-        self, *, epoch: int, batches_done: int, stream_index: int, stream_pos: int, rng_stream: dict[str, Any] | None
-    ) -> ResumePoint:
-        step_rng = self._capture_rng()
+    def _point(self, epoch: int, batches_done: int, stream: tuple[int, int, dict[str, Any]]) -> ResumePoint:
+        """The position and the generators now; ``stream``: (index, position, generators at its start)."""
+        iterators_before, stream_pos, rng_stream = stream
         inputs = self.inputs
         return ResumePoint(
             epoch=epoch,
             batches_done=batches_done,
-            stream_index=max(stream_index, 0),
+            iterators_before=iterators_before,
             stream_pos=stream_pos,
-            rng_stream=rng_stream if rng_stream is not None else step_rng,
-            rng_step=step_rng,
+            rng_stream=rng_stream,
+            rng_step=self._capture_rng(),
             steps_per_execution=int(getattr(self.model, "steps_per_execution", 1) or 1),
             inputs=inputs.kind if inputs is not None else "unknown",
             problems=inputs.problems if inputs is not None else (),
@@ -566,10 +559,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         epoch, batch = self._epoch, self._batch
         assert batch is not None
         if self._completed_epoch == epoch and not self._stopped_mid_epoch:
-            index, pos, stream_rng = self._require_stream().next_epoch()
-            point = self._point(
-                epoch=epoch + 1, batches_done=0, stream_index=index, stream_pos=pos, rng_stream=stream_rng
-            )
+            point = self._point(epoch + 1, 0, self._require_stream().next_epoch())
         else:
             point = self._mid_epoch_point(batch)
         self._save(step, reason, point, epoch=epoch, batch=batch)
@@ -607,6 +597,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if exiting:
             self._stop_preemption()
             self._drop_skipper()
+            self._require_stream().close()
             self._put_back_initial_epoch()
             raise Preempted(signum, step)
         handler.clear()

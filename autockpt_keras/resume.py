@@ -18,8 +18,9 @@ same point of the resumed run, before that iterator is created. A stream is one 
 is "stream k, batch p" and the skip also covers batches of earlier epochs of the same stream.
 
 A tf.data dataset that reshuffles on every iteration (``.shuffle()`` default) gives its k-th
-iterator in a process the k-th order; a new process starts again at the first. Resuming in
-stream k therefore first creates and drops k iterators (:func:`advance_dataset`).
+iterator in a process the k-th order; a new process starts again at the first. Resuming in a
+stream whose iterator was the k-th therefore first creates and drops k iterators
+(:func:`advance_dataset`).
 
 :func:`inspect_inputs` says, per input type and backend, what keeps a resume from being exact
 (an unseeded shuffle, a nondeterministic tf.data pipeline, a DataLoader with its own
@@ -45,16 +46,16 @@ class ResumePoint:
     """Where a checkpoint sits in the training timeline, and the generators at that moment.
 
     ``epoch``: the epoch ``fit()`` resumes at; ``batches_done``: batches of it already trained
-    (the resumed epoch skips them; 0 = the epoch starts fresh). ``stream_index``: data
-    iterators started before the current one since training began; ``stream_pos``: batches
-    drawn from the current one. ``rng_stream``: the global generators when the current
+    (the resumed epoch skips them; 0 = the epoch starts fresh). ``iterators_before``:
+    tf.data iterators created before the current stream's (see :class:`DataStream`);
+    ``stream_pos``: batches drawn from the current stream. ``rng_stream``: the global generators when the current
     iterator was started; ``rng_step``: at the checkpoint. ``problems``: why a resume from
     here may not be exact (empty: exact).
     """
 
     epoch: int
     batches_done: int
-    stream_index: int
+    iterators_before: int
     stream_pos: int
     rng_stream: dict[str, Any]
     rng_step: dict[str, Any]
@@ -118,45 +119,79 @@ class DataStream:
 
     Keras creates an epoch's iterator lazily, at the epoch's first batch, unless
     ``steps_per_epoch`` is set and the previous epoch's iterator is not exhausted (then the
-    epoch continues it), or it was exhausted at the previous epoch's last batch (then Keras
-    created the next one right after that batch). Call order (training thread):
-    ``epoch_begin`` in ``on_epoch_begin`` (or ``resume`` for the resumed epoch),
-    ``batch_end`` in every ``on_train_batch_end`` (skipped batches included).
+    epoch continues it). After an epoch that used up a sized input it also creates the next
+    iterator right away (used by the next epoch only with ``steps_per_epoch``; otherwise
+    dropped). To count those creations, the epoch iterator's ``_get_iterator`` is wrapped for
+    the duration of ``fit()`` (:meth:`close` unwraps it).
+
+    ``index`` is what a resumed run must replay to get the same order from a reshuffling
+    tf.data input: the number of tf.data iterators created before the current stream's. On
+    the TensorFlow backend every Keras iterator is one; on the torch backend a tf.data
+    iterator is created only when a stream is first drawn from.
+
+    Call order (training thread): ``epoch_begin`` in ``on_epoch_begin`` (``resume`` instead
+    for the resumed epoch), ``batch_end`` in every ``on_train_batch_end`` (skipped batches
+    included), ``close`` in ``on_train_end``.
     """
 
-    def __init__(self, epoch_iterator: Any | None, capture: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, epoch_iterator: Any | None, capture: Callable[[], dict[str, Any]], backend: str) -> None:
         self._ei = epoch_iterator
         self._capture = capture
-        self.index = -1
+        self._by_creation = backend == "tensorflow" and epoch_iterator is not None
+        self.created = 0  # Keras data iterators created since training began (this timeline)
+        self.drawn = 0  # streams drawn from since training began
+        self.index = 0
         self.rng: dict[str, Any] | None = None
-        self._fresh = False  # a new iterator will be created at the next batch
+        self._undrawn = False  # the current stream has not given a batch yet
+        self._fresh = False  # ... and is not even created (Keras creates it at the next batch)
         self._tracked: Any = None
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_batches = 0
+        if epoch_iterator is not None:
+            self._hook(epoch_iterator)
+
+    def _hook(self, ei: Any) -> None:
+        original = ei._get_iterator
+
+        def counting_get_iterator() -> Any:
+            self.created += 1
+            return original()
+
+        ei._get_iterator = counting_get_iterator
+
+    def close(self) -> None:
+        """Unwrap the epoch iterator (end of ``fit()``)."""
+        ei = self._ei
+        if ei is not None and "_get_iterator" in vars(ei):
+            del ei._get_iterator
 
     def epoch_begin(self) -> None:
         """Note whether this epoch starts a new stream; if so, capture the generators for it."""
         eager = self._recreated()
         if self._starts_new():
             rng = self._pending_rng if eager and self._pending_rng is not None else self._capture()
-            self.index += 1
             self.rng = rng
+            self._undrawn = True
             self._fresh = not eager
         self._pending_rng = None
         self._epoch_batches = 0
 
     def resume(self, point: ResumePoint) -> None:
         """The resumed epoch re-creates the checkpoint's stream (its iterator is built lazily)."""
-        self.index = point.stream_index
+        self.created = self.drawn = self.index = point.iterators_before
         self.rng = point.rng_stream
-        self._fresh = True
+        self._undrawn = self._fresh = True
         self._tracked = None
         self._pending_rng = None
         self._epoch_batches = 0
 
     def batch_end(self) -> None:
-        """After a batch: the iterator exists; capture the generators if Keras is about to
+        """After a batch: the stream exists; capture the generators if Keras is about to
         replace an exhausted iterator (that happens right after this batch's callbacks)."""
+        if self._undrawn:
+            self._undrawn = False
+            self.drawn += 1
+            self.index = self.created - 1 if self._by_creation else self.drawn - 1
         self._fresh = False
         self._epoch_batches += 1
         ei = self._ei
@@ -167,21 +202,29 @@ class DataStream:
         if ei.steps_per_epoch and num and ei._steps_seen >= num:
             self._pending_rng = self._capture()
 
-    def position(self) -> int:
-        """Batches drawn from the current stream so far."""
-        if self._fresh:
-            return 0
-        if self._ei is None:
-            return self._epoch_batches
-        return int(self._ei._steps_seen)
+    def current(self) -> tuple[int, int, dict[str, Any]]:
+        """(index, batches drawn, generators at its start) of the stream the next batch comes from."""
+        if self._undrawn:
+            return self._upcoming_index(created=not self._fresh), 0, self._rng()
+        pos = self._epoch_batches if self._ei is None else int(self._ei._steps_seen)
+        return self.index, pos, self._rng()
 
     def next_epoch(self) -> tuple[int, int, dict[str, Any]]:
-        """After an epoch ended: (stream index, position, stream generators) the next epoch
-        would start with, without changing anything (for the final checkpoint)."""
-        if self._starts_new() or self._recreated():
-            rng = self._pending_rng if self._recreated() and self._pending_rng is not None else self._capture()
-            return self.index + 1, 0, rng
-        return self.index, self.position(), self.rng if self.rng is not None else self._capture()
+        """Like :meth:`current`, for the epoch after the one that just ended, without changing
+        anything (for the final checkpoint)."""
+        eager = self._recreated()
+        if self._starts_new():
+            rng = self._pending_rng if eager and self._pending_rng is not None else self._capture()
+            return self._upcoming_index(created=eager), 0, rng
+        return self.current()
+
+    def _rng(self) -> dict[str, Any]:
+        return self.rng if self.rng is not None else self._capture()
+
+    def _upcoming_index(self, created: bool) -> int:
+        if self._by_creation:
+            return self.created - 1 if created else self.created
+        return self.drawn
 
     def _starts_new(self) -> bool:
         ei = self._ei
@@ -208,7 +251,7 @@ class SkipSteps:
 
     ``fit()`` looks ``model.train_function`` up at every batch, so replacing it is enough.
     The callback sets :attr:`skipping` in ``on_train_batch_begin``. A skipped call draws the
-    call's batches and returns the current metric results: on TensorFlow the call gets the
+    call's batches and returns the current metric results (:func:`current_logs`): on TensorFlow the call gets the
     iterator and draws ``steps_per_execution`` batches itself; on torch ``fit()`` already
     drew the batch. Before its first call, ``drop`` batches of the stream (earlier epochs of
     a shared stream) are drawn and dropped. The first call that is not skipped puts the
@@ -245,7 +288,7 @@ class SkipSteps:
         if self.skipping:
             self._draw(data)
             self.skipped += 1
-            return self.model.get_metrics_result()
+            return current_logs(self.model)
         self.uninstall()
         if self.before_first_step is not None:
             callback, self.before_first_step = self.before_first_step, None
@@ -282,6 +325,22 @@ class SkipSteps:
             ei._steps_seen += n  # Keras' own count of the stream, as in the interrupted run
         self.dropped += n
         return data
+
+
+def current_logs(model: Any) -> dict[str, Any]:
+    """The results of the model's metrics that exist (compiled metrics are built by the first
+    real step on TensorFlow), as a skipped step's logs."""
+    logs: dict[str, Any] = {}
+    for metric in model.metrics:
+        try:
+            result = metric.result()
+        except ValueError:  # not built yet
+            continue
+        if isinstance(result, dict):
+            logs.update(result)
+        else:
+            logs[metric.name] = result
+    return logs
 
 
 def unwrap_train_function(model: Any) -> None:
@@ -321,6 +380,7 @@ class InputReport:
     kind: str
     problems: tuple[str, ...] = ()
     reshuffles: bool = False  # a tf.data dataset whose order changes with every new iterator
+    pipeline_thread: bool = False  # batches are made ahead in a background thread
 
 
 def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
@@ -340,6 +400,7 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
     adapter = epoch_iterator.data_adapter
     name = type(adapter).__name__
     reshuffles = False
+    threaded = False
     if name == "ArrayDataAdapter":
         kind = "arrays"
         if getattr(adapter, "_shuffle", False) and backend == "tensorflow" and not _tf_global_seed_set():
@@ -354,15 +415,19 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
         problems.extend(found)
     elif name == "PyDatasetAdapter":
         kind = "PyDataset"
+        # TensorFlow runs the Python generator in tf.data's prefetch thread; workers > 1 or
+        # multiprocessing use Keras' own threads or processes.
+        threaded = backend == "tensorflow" or getattr(adapter, "enqueuer", None) is not None
     elif name == "TorchDataLoaderAdapter":
         kind = "torch DataLoader"
         problems.extend(torch_loader_problems(getattr(adapter, "_dataloader", None)))
     elif name == "GeneratorDataAdapter":
         kind = "generator"
+        threaded = backend == "tensorflow"
     else:
         kind = name
         problems.append(f"autockpt does not know whether {name} inputs come in the same order in a new process")
-    return InputReport(kind, tuple(problems), reshuffles)
+    return InputReport(kind, tuple(problems), reshuffles, threaded)
 
 
 def _tf_global_seed_set() -> bool:

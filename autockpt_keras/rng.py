@@ -22,7 +22,7 @@ points of the original and the resumed run (the callback's docstring says which)
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Iterable
 
 from autockpt_core import rng as core_rng
 
@@ -46,12 +46,17 @@ def capture(backend: str) -> dict[str, Any]:
     return state
 
 
-def restore(state: dict[str, Any], backend: str) -> list[str]:
+def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> list[str]:
     """Set the generators to ``state`` (from :func:`capture`); returns what could not be restored.
 
-    The Keras global ``SeedGenerator`` is restored before Python's generator, because creating
-    it draws its seed from Python's ``random``.
+    ``keep``: generators to leave as they are (``"python"``, ``"numpy"``). The Keras global
+    ``SeedGenerator`` is restored before Python's generator, because creating it draws its
+    seed from Python's ``random``.
     """
+    keep = set(keep)
+    if keep & {"python", "numpy"}:
+        current = core_rng.capture_rng()
+        state = {**state, **{name: current[name] for name in ("python", "numpy") if name in keep}}
     problems: list[str] = []
     if "keras_seed" in state:
         _restore_keras_seed(state["keras_seed"])

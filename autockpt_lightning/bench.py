@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
     os.makedirs(args.dir, exist_ok=True)
+    threads = int(os.environ.get("AUTOCKPT_BENCH_THREADS", "0"))
+    if threads > 0:
+        torch.set_num_threads(threads)
     if args.case == "train":
         result = train(args.method, args.bytes, args.dir, args.every, args.checkpoints)
     else:

@@ -442,9 +442,7 @@ class AutoCheckpoint(Callback):
                     stacklevel=2,
                 )
             return
-        if any(_resume.resumable_sampler(dl) is not None for dl in _resume.train_loaders(trainer)) and not any(
-            not _resume.is_stateful(dl) and _resume.resumable_sampler(dl) is None for dl in _resume.train_loaders(trainer)
-        ):
+        if _resume.sampler_covers_plain_loaders(trainer):
             # Every plain train loader resumes through its ResumableSampler: Lightning's warning
             # that such a loader restarts the epoch does not apply (filter removed when training ends).
             warnings.filterwarnings("ignore", message=_resume.LIGHTNING_NOT_RESUMABLE_WARNING)

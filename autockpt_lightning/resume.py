@@ -50,10 +50,19 @@ def is_stateful(loader: Any) -> bool:
 
 def resumable_sampler(loader: Any) -> ResumableSampler | None:
     """The loader's ResumableSampler (as ``sampler`` or inside its ``batch_sampler``), if any."""
-    for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    for candidate in (
+        getattr(loader, "sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    ):
         if isinstance(candidate, ResumableSampler):
             return candidate
     return None
+
+
+def sampler_covers_plain_loaders(trainer: pl.Trainer) -> bool:
+    """Some train loader is plain, and every plain one resumes through a ResumableSampler."""
+    plain = [dl for dl in train_loaders(trainer) if not is_stateful(dl)]
+    return bool(plain) and all(resumable_sampler(dl) is not None for dl in plain)
 
 
 def _batch_size(loader: Any) -> int | None:
@@ -225,7 +234,9 @@ def restore(trainer: pl.Trainer, state: dict[str, Any]) -> list[str]:
         return [f"its autockpt state has version {state.get('version')!r}, this autockpt reads {STATE_VERSION}"]
     samplers = state.get("samplers") or []
     if samplers and len(samplers) != len(train_loaders(trainer)):
-        problems.append(f"the checkpoint has {len(samplers)} train loader position(s), this fit has {len(train_loaders(trainer))}")
+        problems.append(
+            f"the checkpoint has {len(samplers)} train loader position(s), this fit has {len(train_loaders(trainer))}"
+        )
     try:
         if restore_samplers(trainer, samplers):
             rebuild_train_iterator(trainer)
@@ -243,7 +254,6 @@ def restore(trainer: pl.Trainer, state: dict[str, Any]) -> list[str]:
         problems.extend(torch_rng.restore_rng(rng[rank]))  # last: nothing may draw after it
     else:
         problems.append(
-            f"the checkpoint holds no generator state for rank {rank} "
-            f"(saved by {state.get('world_size')} process(es))"
+            f"the checkpoint holds no generator state for rank {rank} (saved by {state.get('world_size')} process(es))"
         )
     return problems

@@ -12,7 +12,13 @@ from autockpt_core.rng import capture_rng, restore_rng
 
 
 def draws() -> tuple[float, float, float, float, list[int]]:
-    return random.random(), random.gauss(0, 1), float(np.random.rand()), float(np.random.randn()), list(np.random.permutation(5))
+    return (
+        random.random(),
+        random.gauss(0, 1),
+        float(np.random.rand()),
+        float(np.random.randn()),
+        list(np.random.permutation(5)),
+    )
 
 
 def test_restore_replays_the_same_draws_and_state_is_json() -> None:

@@ -101,6 +101,50 @@ class Data(pl.LightningDataModule):
         return DataLoader(TensorDataset(self.x[:32], self.y[:32]), batch_size=16, shuffle=True)
 
 
+def train(
+    dirpath: str,
+    *,
+    baseline: bool = False,
+    loader: str = "stateful",
+    epochs: int = 3,
+    every: int = 2,
+    val: bool = False,
+    async_persist: bool = True,
+    root: str | None = None,
+    extra_callbacks: tuple[pl.Callback, ...] = (),
+    model_cls: type[Net] = Net,
+    ckpt_path: str | None = None,
+    **callback_kwargs: Any,
+) -> tuple[Net, pl.Trainer, AutoCheckpoint | None]:
+    """Seed, build and fit; returns the model, the trainer and the callback (None for baseline)."""
+    pl.seed_everything(0, verbose=False)
+    model = model_cls()
+    callback = None
+    if not baseline:
+        callback_kwargs.setdefault("storage", FaultStorage(dirpath, PLAN, suffix=".ckpt", half=2048))
+        callback_kwargs.setdefault("keep_last", 2)
+        callback = AutoCheckpoint(dirpath, every_n_steps=every, async_persist=async_persist, **callback_kwargs)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=2 if val else 0,
+        default_root_dir=root or dirpath,
+        callbacks=[*([callback] if callback else []), *extra_callbacks],
+    )
+    trainer.fit(model, Data(loader, val), ckpt_path=ckpt_path)
+    return model, trainer, callback
+
+
+def weights_of(model: pl.LightningModule) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("dirpath")
@@ -114,38 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*set_vital.*")
-
-    pl.seed_everything(0, verbose=False)
-    model = Net()
-    callbacks: list[pl.Callback] = []
-    if not args.baseline:
-        storage = FaultStorage(args.dirpath, PLAN, suffix=".ckpt", half=2048)
-        callbacks.append(
-            AutoCheckpoint(
-                args.dirpath,
-                every_n_steps=args.every,
-                keep_last=2,
-                async_persist=bool(args.async_persist),
-                storage=storage,
-            )
-        )
-    trainer = pl.Trainer(
-        max_epochs=args.epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=2 if args.val else 0,
-        default_root_dir=os.path.dirname(os.path.abspath(args.out)),
-        callbacks=callbacks,
+    model, _, _ = train(
+        args.dirpath,
+        baseline=args.baseline,
+        loader=args.loader,
+        epochs=args.epochs,
+        every=args.every,
+        val=args.val,
+        async_persist=bool(args.async_persist),
+        root=os.path.dirname(os.path.abspath(args.out)),
     )
-    trainer.fit(model, Data(args.loader, args.val))
-    weights = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     tmp = args.out + ".tmp.npz"
-    np.savez(tmp, **weights)
+    np.savez(tmp, **weights_of(model))
     os.replace(tmp, args.out)
     return 0
 

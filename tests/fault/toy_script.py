@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     session: CheckpointSession | None = None
     handler: PreemptionHandler | None = None
     if not args.baseline:
-        config = Config(dirpath=args.dirpath, every_n_steps=args.every, keep_last=2, on_preempt=args.on_preempt, verbose=False)
+        config = Config(
+            dirpath=args.dirpath, every_n_steps=args.every, keep_last=2, on_preempt=args.on_preempt, verbose=False
+        )
         storage = FaultStorage(args.dirpath, plan, suffix=".safetensors", half=64)
         session = CheckpointSession(config, framework="toy", suffix=".safetensors", storage=storage)
         record = session.resume_record()

@@ -1,0 +1,81 @@
+"""Lightning under real faults: SIGKILL in the snapshot, in the persist, at a training step,
+SIGTERM (emergency checkpoint, exit 143), then a rerun of the same command; the final weights
+must equal, bit for bit, those of an uninterrupted run without the callback.
+
+Dropout, shuffling, a per-step LR schedule and validation are on. Each process imports
+torch and Lightning (a few seconds), so CI runs one chain of faults; more loaders, kills and
+seeds are behind ``slow``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fault.harness import assert_weights_equal, run_baseline, run_until_done
+from tests.fault.lightning_script import train, weights_of
+
+COMMAND = [sys.executable, "-m", "tests.fault.lightning_script"]
+
+pytestmark = pytest.mark.integration
+
+
+def test_kills_in_snapshot_persist_and_step_plus_sigterm_end_bitwise_equal(tmp_path: Path) -> None:
+    args = ["--loader", "stateful", "--val", "--epochs", "3", "--every", "2"]
+    # The baseline runs in this process (saves a Lightning start-up; the script is the same code,
+    # one thread, CPU: a subprocess baseline is bitwise equal, as the slow tests check).
+    model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader="stateful", val=True, epochs=3)
+    expected = weights_of(model)
+    plans = [
+        {"phase": "snapshot", "nth": 3},  # SIGKILL inside dump_checkpoint + copy (phase 1)
+        {"phase": "persist", "nth": 2},  # SIGKILL with the checkpoint file half written
+        {"phase": "step", "at": 20, "action": "sigterm"},  # preemption: emergency checkpoint, exit 143
+        {"phase": "step", "at": 30},  # SIGKILL in the middle of a training step
+    ]
+    result = run_until_done(COMMAND, tmp_path / "ck", tmp_path / "w.npz", plans=plans, extra_args=args)
+    result.assert_faults_happened()
+    assert [a.returncode for a in result.attempts] == [-9, -9, 143, -9, 0], result.report()
+    assert result.attempts[2].newest_step == 21  # the step the signal arrived in (21 is not a multiple of 2)
+    assert "SIGTERM received; checkpoint of step 21 committed" in result.attempts[2].output
+    assert "resuming from step 21" in result.attempts[3].output
+    steps = [a.newest_step or 0 for a in result.attempts]
+    assert steps == sorted(steps), result.report()
+    assert_weights_equal(result.weights, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", ["stateful", "sampler", "iterable"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_many_random_faults_end_bitwise_equal(tmp_path: Path, loader: str, seed: int) -> None:
+    rng = random.Random(f"{loader}-{seed}")
+    args = ["--loader", loader, "--val", "--epochs", "4", "--every", str(rng.randint(1, 3))]
+    expected = run_baseline(COMMAND, tmp_path, extra_args=args)
+    plans: list[dict[str, object]] = [
+        {"phase": "snapshot", "nth": rng.randint(1, 3)},
+        {"phase": "persist", "nth": rng.randint(1, 3)},
+        {"phase": "commit", "nth": rng.randint(1, 3)},
+        {"phase": "retention", "nth": 1},
+        {"phase": "step", "at": rng.randrange(5, 40), "action": "sigterm"},
+        {"phase": "persist", "nth": 1, "action": rng.choice(["enospc", "eacces"])},
+    ]
+    rng.shuffle(plans)
+    result = run_until_done(
+        COMMAND,
+        tmp_path / "ck",
+        tmp_path / "w.npz",
+        plans=plans,
+        kill_after=[rng.uniform(4.0, 9.0) for _ in range(2)],  # lands after the imports, at a random point
+        extra_args=args,
+        require_all=False,
+    )
+    assert_weights_equal(result.weights, expected)
+
+
+@pytest.mark.slow
+def test_in_process_baseline_equals_the_subprocess_baseline(tmp_path: Path) -> None:
+    args = ["--loader", "stateful", "--val", "--epochs", "3", "--every", "2"]
+    model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader="stateful", val=True, epochs=3)
+    assert_weights_equal(weights_of(model), run_baseline(COMMAND, tmp_path, extra_args=args))

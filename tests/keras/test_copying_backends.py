@@ -1,0 +1,111 @@
+"""autockpt_keras/copying.py per backend, in this process (TensorFlow backend): the TF copier
+allocates nothing per checkpoint; the torch copier (fed torch tensors directly) and the JAX
+copier (JAX is not installed: fakes with JAX's method names) copy into pooled buffers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+tf = pytest.importorskip("tensorflow")
+
+from autockpt_core import BufferPool  # noqa: E402
+from autockpt_keras.copying import (  # noqa: E402
+    JaxCopier,
+    TensorFlowCopier,
+    _cuda_to_host,
+    buffer_pool_for,
+    copier_for,
+    torch_copy,
+)
+from autockpt_keras.state import StateEntry  # noqa: E402
+
+
+class Holder:
+    """Stands in for a keras.Variable: the copiers read ``.value``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def rounds(copier: Any, entries: list[StateEntry], pool: BufferPool[Any], n: int) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for _ in range(n):
+        pool.begin_round()
+        out = copier(entries, pool)
+        pool.end_round()
+    return out
+
+
+def test_tensorflow_copier_reuses_buffers_and_reads_the_variables_in_place() -> None:
+    variables = [tf.Variable(tf.random.normal([64, 32])), tf.Variable(tf.zeros([7], tf.int64))]
+    entries = [StateEntry(f"model/v{i}", "model", Holder(v)) for i, v in enumerate(variables)]
+    pool: BufferPool[Any] = BufferPool()
+    copier = TensorFlowCopier()
+    first = rounds(copier, entries, pool, 1)
+    variables[0].assign_add(tf.ones([64, 32]))
+    again = rounds(copier, entries, pool, 20)
+    assert pool.allocations == 2  # allocated once, reused by every later checkpoint
+    assert all(again[k] is first[k] for k in first)
+    np.testing.assert_array_equal(again["model/v0"], variables[0].numpy())
+    # the batched read returns the variables' own buffers: np.copyto is the only copy
+    read = copier._read(entries)
+    assert read[0]._numpy().ctypes.data == variables[0].value()._numpy().ctypes.data
+
+
+def test_torch_copier_copies_cpu_tensors_and_bfloat16_bits() -> None:
+    torch = pytest.importorskip("torch")
+    tensors = [torch.randn(5, 4), torch.randn(3).to(torch.bfloat16)]
+    entries = [StateEntry(f"model/t{i}", "model", Holder(t)) for i, t in enumerate(tensors)]
+    pool: BufferPool[Any] = BufferPool()
+    out = rounds(torch_copy, entries, pool, 3)
+    assert pool.allocations == 2
+    np.testing.assert_array_equal(out["model/t0"], tensors[0].numpy())
+    assert out["model/t1"].view(np.int16).tobytes() == tensors[1].view(torch.int16).numpy().tobytes()
+
+
+def test_device_copies_fall_back_to_plain_copies_off_cuda() -> None:
+    torch = pytest.importorskip("torch")
+    dst, src = torch.empty(4), torch.arange(4.0)
+    _cuda_to_host([(dst, src)])
+    assert torch.equal(dst, src)
+
+
+def test_jax_copier_syncs_the_state_and_starts_every_transfer_first() -> None:
+    log: list[str] = []
+
+    class FakeJaxArray:
+        def __init__(self, name: str, value: np.ndarray) -> None:
+            self.name, self.value = name, value
+
+        def copy_to_host_async(self) -> None:
+            log.append(f"start {self.name}")
+
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            log.append(f"read {self.name}")
+            return self.value
+
+    class FakeModel:
+        def jax_state_sync(self) -> None:
+            log.append("sync")
+
+    arrays = {"a": np.arange(6.0).reshape(2, 3), "b": np.ones(4, np.float32)}
+    entries = [StateEntry(f"model/{k}", "model", Holder(FakeJaxArray(k, v))) for k, v in arrays.items()]
+    pool: BufferPool[Any] = BufferPool()
+    out = rounds(JaxCopier(FakeModel()), entries, pool, 2)
+    assert log[:5] == ["sync", "start a", "start b", "read a", "read b"]
+    assert pool.allocations == 2
+    np.testing.assert_array_equal(out["model/a"], arrays["a"])
+    assert isinstance(copier_for("jax", FakeModel()), JaxCopier)
+
+
+def test_pinned_pools_only_for_torch_on_cuda() -> None:
+    assert buffer_pool_for("tensorflow") is None
+    assert buffer_pool_for("jax") is None
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        assert buffer_pool_for("torch") is None

@@ -1,0 +1,258 @@
+"""Exact resume with AutoCheckpoint, in one process: RNG, loaders, preemption, corrupt files,
+storage errors. Every comparison is bitwise, against a run without the callback.
+
+The model and data come from the fault harness's script (dropout, Adam, per-step StepLR,
+shuffled training data, a shuffled validation loader): 96 samples, batch 8, 12 steps/epoch.
+Subprocess kills are in tests/fault/.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from autockpt_core import CheckpointWriteError, ResumeNotExactWarning, read_manifest, storage_for
+from autockpt_lightning import AutoCheckpoint, latest_checkpoint
+from tests.fault.harness import assert_weights_equal, corrupt_newest
+from tests.fault.lightning_script import Net, train, weights_of
+from tests.faults import FailingStorage
+from tests.lightning.lightning_helpers import TinyData, TinyModel, make_trainer
+
+torch.set_num_threads(1)
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+STEPS_PER_EPOCH = 12
+
+_baselines: dict[tuple[str, bool, int], dict[str, np.ndarray]] = {}
+
+
+def baseline(tmp_path: Path, loader: str = "stateful", val: bool = True, epochs: int = 2) -> dict[str, np.ndarray]:
+    """Weights of the uninterrupted run without the callback (computed once per setting)."""
+    key = (loader, val, epochs)
+    if key not in _baselines:
+        model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader=loader, val=val, epochs=epochs)
+        _baselines[key] = weights_of(model)
+    return _baselines[key]
+
+
+def steps_of(dirpath: Path) -> list[int]:
+    return [r.step for r in read_manifest(storage_for(dirpath))]
+
+
+class CrashAt(Net):
+    """Raises in training_step once the global step reaches ``CRASH_AT`` (a crash without a signal)."""
+
+    CRASH_AT = 1000
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step >= self.CRASH_AT:
+            raise RuntimeError("simulated crash")
+        return super().training_step(batch, batch_idx)
+
+
+def crash_at(step: int) -> type[Net]:
+    return type(f"CrashAt{step}", (CrashAt,), {"CRASH_AT": step})
+
+
+class SignalAt(Net):
+    """Sends ``SIGNUM`` to this process inside the training step with global step ``AT``."""
+
+    AT, SIGNUM = 1000, signal.SIGTERM
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == self.AT:
+            signal.raise_signal(self.SIGNUM)
+        return super().training_step(batch, batch_idx)
+
+
+def signal_at(step: int, signum: int) -> type[Net]:
+    return type(f"SignalAt{step}", (SignalAt,), {"AT": step, "SIGNUM": signum})
+
+
+# -- the callback itself changes nothing ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("loader", ["stateful", "sampler"])
+def test_callback_without_failures_leaves_training_bitwise_unchanged(tmp_path: Path, loader: str) -> None:
+    model, _, cb = train(str(tmp_path / "ck"), loader=loader, val=True, epochs=2, every=1)
+    assert cb is not None and len(cb.events) >= 18  # a checkpoint at nearly every step
+    assert_weights_equal(weights_of(model), baseline(tmp_path, loader))
+
+
+# -- resume from a checkpoint ---------------------------------------------------------------------
+
+
+def resume_and_compare(tmp_path: Path, loader: str, steps: list[int], epochs: int = 2) -> None:
+    ckpts = tmp_path / "every"
+    _, _, cb = train(str(ckpts), loader=loader, val=True, epochs=epochs, every=1, keep_last=1000)
+    assert cb is not None
+    saved = {e.step for e in cb.events}
+    # Deferred: never at the last batch of an epoch (validation follows it) ...
+    assert not {STEPS_PER_EPOCH * e for e in range(1, epochs + 1)} & saved
+    for step in steps:
+        assert step in saved, (step, sorted(saved))
+        path = ckpts / f"ckpt-step{step:09d}.ckpt"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResumeNotExactWarning)
+            model, trainer, _ = train(
+                str(tmp_path / f"r{step}"), loader=loader, val=True, epochs=epochs, ckpt_path=str(path), every=1000
+            )
+        assert_weights_equal(weights_of(model), baseline(tmp_path, loader, epochs=epochs))
+
+
+@pytest.mark.parametrize(
+    "loader, steps",
+    [
+        ("stateful", [1, 7, 13, 20]),  # mid-epoch, the first step after an epoch end + validation
+        ("sampler", [5, 13]),
+        ("iterable", [3, 13]),  # unsized: the batch Lightning fetched ahead is carried over
+    ],
+)
+def test_resume_from_a_checkpoint_ends_bitwise_equal(tmp_path: Path, loader: str, steps: list[int]) -> None:
+    resume_and_compare(tmp_path, loader, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", ["stateful", "sampler", "iterable"])
+def test_resume_from_every_checkpoint_ends_bitwise_equal(tmp_path: Path, loader: str) -> None:
+    saved = [s for s in range(1, 3 * STEPS_PER_EPOCH) if s % STEPS_PER_EPOCH]
+    resume_and_compare(tmp_path, loader, saved, epochs=3)
+
+
+def test_auto_resume_after_a_crash_ends_bitwise_equal(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(ckpts, val=True, epochs=2, every=3, model_cls=crash_at(17))
+    model, _, cb = train(ckpts, val=True, epochs=2, every=3)
+    assert cb is not None and cb.resumed_from == 15
+    assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+# -- warnings where a resume cannot be exact -----------------------------------------------------
+
+
+def test_plain_dataloader_is_warned_about_once(tmp_path: Path) -> None:
+    cb = AutoCheckpoint(tmp_path / "ck", every_n_steps=5, verbose=False)
+    trainer = make_trainer(tmp_path, [cb], max_steps=3, enable_checkpointing=False)
+    with pytest.warns(ResumeNotExactWarning, match="not resumable.*StatefulDataLoader.*ResumableSampler"):
+        trainer.fit(TinyModel(), TinyData())
+    trainer.fit_loop.epoch_loop.max_steps = 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeNotExactWarning)
+        trainer.fit(TinyModel(), TinyData())
+
+
+@pytest.mark.parametrize("loader", ["stateful", "sampler", "iterable"])
+def test_resumable_loaders_get_no_warning_even_on_resume(tmp_path: Path, loader: str) -> None:
+    ckpts = str(tmp_path / "ck")
+    with pytest.raises(RuntimeError):
+        train(ckpts, loader=loader, epochs=1, every=3, model_cls=crash_at(5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(ckpts, loader=loader, epochs=1, every=3)
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "autockpt" in m or "resuming from a checkpoint" in m], messages
+
+
+# -- preemption ------------------------------------------------------------------------------------
+
+
+def test_sigterm_commits_a_checkpoint_exits_143_and_the_rerun_is_exact(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info:
+        train(ckpts, val=True, epochs=2, every=4, model_cls=signal_at(6, signal.SIGTERM))
+    assert info.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) == before  # ours and Lightning's handlers are gone
+    newest = read_manifest(storage_for(ckpts))[-1]
+    assert newest.step == 7 and newest.meta["reason"] == "preempted by SIGTERM"  # not a multiple of 4
+    model, _, cb = train(ckpts, val=True, epochs=2, every=4)
+    assert cb is not None and cb.resumed_from == 7
+    assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+def test_signal_at_the_end_of_an_epoch_checkpoints_one_step_later(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+    with pytest.raises(SystemExit):
+        # step index 11 ends the first epoch (validation follows): the checkpoint is step 13
+        train(ckpts, val=True, epochs=2, every=100, model_cls=signal_at(STEPS_PER_EPOCH - 1, signal.SIGUSR1))
+    assert steps_of(Path(ckpts)) == [STEPS_PER_EPOCH + 1]
+    model, _, _ = train(ckpts, val=True, epochs=2, every=100)
+    assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+def test_on_preempt_continue_checkpoints_and_trains_on(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+    model, trainer, cb = train(
+        ckpts, val=True, epochs=2, every=100, keep_last=5, on_preempt="continue", model_cls=signal_at(4, signal.SIGUSR1)
+    )
+    assert cb is not None and cb.preempted is not None and (cb.preempted.step, cb.preempted.signal) == (5, "SIGUSR1")
+    assert trainer.global_step == 2 * STEPS_PER_EPOCH and steps_of(Path(ckpts)) == [5]
+    assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+def test_no_signals_configured_installs_nothing(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    class Probe(Net):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            seen.append(repr(signal.getsignal(signal.SIGUSR1)))
+            return super().training_step(batch, batch_idx)
+
+    train(str(tmp_path / "ck"), epochs=1, every=100, signals=(), model_cls=Probe)
+    assert set(seen) == {repr(signal.SIG_DFL)}
+
+
+# -- crash consistency ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["truncate", "bitflip"])
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, mode: str) -> None:
+    ckpts = tmp_path / "ck"
+    with pytest.raises(RuntimeError):
+        train(str(ckpts), val=True, epochs=2, every=3, model_cls=crash_at(17))
+    assert steps_of(ckpts) == [12 + 1, 15]  # 12 is an epoch end: deferred to 13; keep_last=2
+    corrupt_newest(ckpts, mode)
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint ckpt-step000000015.ckpt"):
+        model, _, cb = train(str(ckpts), val=True, epochs=2, every=3)
+    assert cb is not None and cb.resumed_from == 13
+    assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "error, hint",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "disk or quota is full"),
+        (PermissionError(errno.EACCES, "Permission denied"), "may not write there"),
+    ],
+)
+def test_storage_error_stops_training_clearly_and_keeps_older_checkpoints(
+    tmp_path: Path, error: OSError, hint: str
+) -> None:
+    ckpts = tmp_path / "ck"
+
+    class FailFromStep9(FailingStorage):
+        def write_atomic(self, name: str, write: Any) -> Any:
+            self.armed = name.endswith(".ckpt") and int(name[9:18]) >= 9
+            return super().write_atomic(name, write)
+
+    storage = FailFromStep9(ckpts, fail_after=3000, error=error)
+    with pytest.raises(CheckpointWriteError) as info:
+        train(str(ckpts), val=True, epochs=2, every=3, storage=storage)
+    assert hint in str(info.value) and "ckpt-step000000009.ckpt" in str(info.value)
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "autockpt-manifest.json",
+        "ckpt-step000000003.ckpt",
+        "ckpt-step000000006.ckpt",
+    ]  # no temporary or partial file; nothing older deleted
+    assert latest_checkpoint(ckpts) == str(ckpts / "ckpt-step000000006.ckpt")
+    model, _, cb = train(str(ckpts), val=True, epochs=2, every=3)  # the disk is fine again
+    assert cb is not None and cb.resumed_from == 6
+    assert_weights_equal(weights_of(model), baseline(tmp_path))

@@ -1,0 +1,62 @@
+"""snapshot_mode="overlap" in a real fit: parameters and Adam state are copied while the next
+step runs, and the next optimizer step waits for the copy (on_before_optimizer_step), so each
+checkpoint holds exactly the state at its step, like the "sync" mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from autockpt_lightning import AutoCheckpoint
+
+from .lightning_helpers import Recorder, TinyData, TinyModel, make_trainer
+
+
+class BatchNormModel(TinyModel):
+    """TinyModel with BatchNorm: its running statistics change in every forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+
+class OptimizerStateRecorder(Recorder):
+    def __init__(self, auto: Any, capture_steps: tuple[int, ...]) -> None:
+        super().__init__(auto, capture_steps)
+        self.exp_avg: dict[int, list[torch.Tensor]] = {}
+        self.waited_before_update: list[bool] = []
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # Runs after AutoCheckpoint's hook: no copy may still be pending when weights change.
+        self.waited_before_update.append(self.auto.session._pending is None)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        if trainer.global_step in self.capture_steps:
+            opt = trainer.optimizers[0]
+            self.exp_avg[trainer.global_step] = [opt.state[p]["exp_avg"].clone() for p in pl_module.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["overlap", "sync"])
+def test_checkpoints_hold_the_state_of_their_step(tmp_path: Path, mode: str) -> None:
+    auto = AutoCheckpoint(tmp_path / "ck", every_n_steps=4, keep_last=10, verbose=False, snapshot_mode=mode)
+    recorder = OptimizerStateRecorder(auto, capture_steps=(4, 8, 12))
+    make_trainer(tmp_path, [auto, recorder], max_steps=14).fit(BatchNormModel(), TinyData(samples=256))
+    session = auto.session
+    assert session is not None and session.summary().copy_mode == mode
+    assert auto._snapshotter.mode == mode
+    paths = {r.step: session.path_of(r) for r in session.records()}
+    assert sorted(paths) == [4, 8, 12]
+    for step in (4, 8, 12):
+        ckpt = torch.load(paths[step], weights_only=False)
+        for key, value in recorder.captured[step].items():
+            assert torch.equal(ckpt["state_dict"][key], value), (mode, step, key)
+        saved = ckpt["optimizer_states"][0]["state"]
+        for i, exp_avg in enumerate(recorder.exp_avg[step]):
+            assert torch.equal(saved[i]["exp_avg"], exp_avg), (mode, step, i)
+    assert session.buffers.allocations == len(session.buffers)  # allocated once, reused
+    assert len(recorder.waited_before_update) == 14 and all(recorder.waited_before_update)

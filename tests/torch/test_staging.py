@@ -1,0 +1,287 @@
+"""autockpt_torch/staging.py: copy modes, their consistency rule, and (with a fake CUDA) the
+order of stream waits, copies and events. No GPU here: the CUDA path is checked only through
+the fake."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import zipfile
+from typing import Any
+
+import pytest
+import torch
+
+from autockpt_torch import TorchSnapshotter, choose_mode, save_tree, torch_buffer_pool
+from autockpt_torch.staging import CudaApi, PendingCopy, host_copy, optimizer_owned
+
+torch.set_num_threads(1)
+MiB = 2**20
+
+
+def take(snapshotter: TorchSnapshotter, state: Any, pool: Any, deferrable: Any = None) -> tuple[Any, int, Any]:
+    pool.begin_round()
+    try:
+        return snapshotter.snapshot(state, pool, deferrable)
+    finally:
+        pool.end_round()
+
+
+# -- mode choice (pure) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requested", "on_cuda", "free", "mode"),
+    [
+        ("auto", False, None, "sync"),
+        ("auto", True, 1000 * MiB, "device"),  # 100 MiB reserved of 1000 free
+        ("auto", True, 150 * MiB, "overlap"),  # would take over half of what is free
+        ("auto", True, None, "overlap"),
+        ("sync", True, 1000 * MiB, "sync"),
+        ("overlap", False, None, "overlap"),
+        ("device", False, None, "overlap"),
+        ("device", True, 50 * MiB, "overlap"),
+        ("device", True, 150 * MiB, "device"),
+    ],
+)
+def test_choose_mode(requested: str, on_cuda: bool, free: int | None, mode: str) -> None:
+    choice = choose_mode(requested, on_cuda=on_cuda, deferrable_bytes=100 * MiB, free_device_bytes=free)
+    assert choice.mode == mode and choice.reason
+
+
+def test_choose_mode_uses_the_measured_cpu_default_and_rejects_unknown_modes() -> None:
+    assert choose_mode("auto", on_cuda=False, deferrable_bytes=1, free_device_bytes=None, cpu_auto="overlap").mode == "overlap"
+    with pytest.raises(ValueError, match="unknown snapshot mode"):
+        choose_mode("fast", on_cuda=False, deferrable_bytes=1, free_device_bytes=None)
+    with pytest.raises(ValueError, match="unknown snapshot mode"):
+        TorchSnapshotter("fast")
+
+
+# -- CPU: sync and overlap ------------------------------------------------------------------------
+
+
+def make_state() -> dict[str, Any]:
+    return {
+        "state_dict": {"w": torch.randn(64, 32), "bn.running_mean": torch.zeros(32)},
+        "optimizer_states": [{"state": {0: {"exp_avg": torch.randn(64, 32), "step": torch.tensor(3.0)}}}],
+        "epoch": 1,
+    }
+
+
+def test_sync_copies_everything_before_returning() -> None:
+    state = make_state()
+    copy, nbytes, pending = take(TorchSnapshotter("sync"), state, torch_buffer_pool(), deferrable=lambda t: True)
+    assert pending is None
+    assert nbytes == (64 * 32 * 2 + 32 + 1) * 4
+    before = state["state_dict"]["w"].clone()
+    state["state_dict"]["w"].add_(1)
+    assert torch.equal(copy["state_dict"]["w"], before)
+
+
+def test_overlap_defers_only_optimizer_owned_tensors_and_honours_the_update_rule() -> None:
+    state = make_state()
+    w, bn = state["state_dict"]["w"], state["state_dict"]["bn.running_mean"]
+    deferrable = lambda t: t.data_ptr() in {w.data_ptr(), state["optimizer_states"][0]["state"][0]["exp_avg"].data_ptr()}  # noqa: E731
+    snapshotter = TorchSnapshotter("overlap")
+    pool = torch_buffer_pool()
+    expected_w, expected_bn = w.clone(), bn.clone()
+    copy, _, pending = take(snapshotter, state, pool, deferrable)
+    assert snapshotter.mode == "overlap" and isinstance(pending, PendingCopy)
+    bn.add_(5)  # the next forward pass: the BN statistic was copied before returning
+    pending.before_update()  # the next optimizer step waits for the copy
+    w.add_(1)
+    pending.wait()  # what the writer thread does
+    assert torch.equal(copy["state_dict"]["w"], expected_w)
+    assert torch.equal(copy["state_dict"]["bn.running_mean"], expected_bn)
+    assert copy["optimizer_states"][0]["state"][0]["step"].item() == 3.0
+
+
+def test_overlap_without_a_predicate_copies_everything_now() -> None:
+    copy, _, pending = take(TorchSnapshotter("overlap"), make_state(), torch_buffer_pool())
+    assert pending is None
+
+
+def test_a_failed_helper_copy_is_raised_by_wait() -> None:
+    dst, src = torch.empty(3), torch.ones(4)  # shapes differ: numpy refuses
+    pending = PendingCopy([(dst, src)])
+    pending.before_update()
+    with pytest.raises(RuntimeError, match="snapshot copy failed"):
+        pending.wait()
+
+
+def test_host_copy_handles_bfloat16_views_and_non_contiguous() -> None:
+    for src in (torch.randn(5, 3).to(torch.bfloat16), torch.randn(4, 6).t(), torch.tensor(2.5), torch.empty(0)):
+        dst = torch.empty(src.shape, dtype=src.dtype)
+        host_copy(dst, src)
+        assert torch.equal(dst, src)
+
+
+@pytest.mark.parametrize(("mode", "rounds"), [("sync", 1000), ("overlap", 50)])
+def test_torch_pool_does_not_grow_over_many_checkpoints(mode: str, rounds: int) -> None:
+    state = make_state()
+    pool = torch_buffer_pool()
+    snapshotter = TorchSnapshotter(mode)
+    deferrable = optimizer_owned([state["state_dict"]["w"]], [])
+    first, _, pending = take(snapshotter, state, pool, deferrable)
+    allocations, total = pool.allocations, pool.total_bytes
+    for _ in range(rounds):
+        if pending is not None:
+            pending.before_update()
+            pending.wait()
+        state["state_dict"]["w"].add_(1)
+        copy, _, pending = take(snapshotter, state, pool, deferrable)
+    assert (pending is not None) == (mode == "overlap")
+    if pending is not None:
+        pending.wait()
+    assert pool.allocations == allocations and pool.total_bytes == pool.peak_bytes == total
+    assert copy["state_dict"]["w"].data_ptr() == first["state_dict"]["w"].data_ptr()
+    assert torch.equal(copy["state_dict"]["w"], state["state_dict"]["w"])
+
+
+def test_optimizer_owned_matches_parameters_and_optimizer_state_only() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    owned = optimizer_owned(model.parameters(), [optimizer])
+    sd = model.state_dict()
+    assert owned(sd["0.weight"]) and owned(sd["1.bias"])
+    assert not owned(sd["1.running_mean"]) and not owned(sd["1.num_batches_tracked"])
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert owned(momentum)
+
+
+# -- CUDA path through a recording fake -----------------------------------------------------------
+
+
+class FakeEvent:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def record(self, stream: "FakeStream") -> None:
+        self.log.append(f"record {self.name} on {stream.name}")
+
+    def synchronize(self) -> None:
+        self.log.append(f"host waits {self.name}")
+
+
+class FakeStream:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.log.append(f"{self.name} waits for {other.name}")
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.log.append(f"{self.name} waits {event.name}")
+
+
+class FakeCuda(CudaApi):
+    def __init__(self, free: int | None = None) -> None:
+        self.log: list[str] = []
+        self.free = free
+        self.current = FakeStream(self.log, "current")
+        self.events = 0
+
+    def current_stream(self, device: torch.device) -> FakeStream:
+        return self.current
+
+    def new_stream(self, device: torch.device) -> FakeStream:
+        return FakeStream(self.log, "copy")
+
+    def new_event(self) -> FakeEvent:
+        self.events += 1
+        return FakeEvent(self.log, f"e{self.events}")
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: FakeStream) -> Any:
+        self.log.append(f"enter {stream.name}")
+        yield
+        self.log.append(f"exit {stream.name}")
+
+    def free_bytes(self, device: torch.device) -> int | None:
+        return self.free
+
+
+def gpu_snapshotter(mode: str, cuda: FakeCuda) -> TorchSnapshotter:
+    return TorchSnapshotter(mode, cuda=cuda, is_device=lambda t: True)  # CPU tensors pose as GPU ones
+
+
+def test_cuda_overlap_orders_copies_after_the_step_and_the_next_update_after_the_copy() -> None:
+    cuda = FakeCuda()
+    state = make_state()
+    w = state["state_dict"]["w"]
+    snapshotter = gpu_snapshotter("overlap", cuda)
+    copy, _, pending = take(snapshotter, state, torch_buffer_pool(pin_memory=False), lambda t: t.data_ptr() == w.data_ptr())
+    assert cuda.log == [
+        "copy waits for current",  # copies start after the optimizer step's kernels
+        "enter copy",
+        "record e1 on copy",  # copies that must finish before the hook returns
+        "record e2 on copy",  # ... then the deferred ones
+        "exit copy",
+        "host waits e1",
+    ]
+    cuda.log.clear()
+    pending.before_update()
+    assert cuda.log == ["current waits e2"]  # a stream wait: the host does not block
+    pending.before_update()
+    assert cuda.log == ["current waits e2"]  # once
+    pending.wait()
+    assert cuda.log[-1] == "host waits e2"  # the writer thread before torch.save
+    assert torch.equal(copy["state_dict"]["w"], w)
+
+
+def test_cuda_sync_waits_on_the_host_and_returns_nothing_pending() -> None:
+    cuda = FakeCuda()
+    _, _, pending = take(gpu_snapshotter("sync", cuda), make_state(), torch_buffer_pool(pin_memory=False), lambda t: True)
+    assert pending is None
+    assert cuda.log == ["copy waits for current", "enter copy", "record e1 on copy", "exit copy", "host waits e1"]
+
+
+def test_cuda_device_snapshot_reserves_device_buffers_and_the_update_waits_for_the_device_copy_only() -> None:
+    cuda = FakeCuda(free=10 * MiB)
+    state = make_state()
+    w = state["state_dict"]["w"]
+    snapshotter = gpu_snapshotter("auto", cuda)
+    pool = torch_buffer_pool(pin_memory=False)
+    copy, _, pending = take(snapshotter, state, pool, lambda t: t.data_ptr() == w.data_ptr())
+    assert snapshotter.choice is not None and snapshotter.mode == "device", snapshotter.choice
+    assert snapshotter.device_buffer_bytes == w.numel() * 4
+    assert cuda.log[-4:] == ["record e2 on copy", "record e3 on copy", "exit copy", "host waits e1"]
+    cuda.log.clear()
+    pending.before_update()
+    assert cuda.log == ["current waits e2"]  # device-to-device done; the drain to host goes on
+    pending.wait()
+    assert cuda.log[-1] == "host waits e3"
+    assert torch.equal(copy["state_dict"]["w"], w)
+    take(snapshotter, state, pool, lambda t: t.data_ptr() == w.data_ptr())
+    assert snapshotter.device_buffer_bytes == w.numel() * 4  # reused, not grown
+
+
+# -- persist ----------------------------------------------------------------------------------------
+
+
+def test_save_tree_without_zip_crc_loads_and_skips_only_the_zip_crc() -> None:
+    tree = {"a": torch.randn(1000), "b": [1, {"c": torch.arange(5)}]}
+    plain, fast = io.BytesIO(), io.BytesIO()
+    save_tree(tree, plain)
+    save_tree(tree, fast, zip_crc32=False)
+    assert len(plain.getvalue()) == len(fast.getvalue())
+    back = torch.load(io.BytesIO(fast.getvalue()), weights_only=True)
+    assert torch.equal(back["a"], tree["a"]) and torch.equal(back["b"][1]["c"], tree["b"][1]["c"])
+    assert zipfile.ZipFile(io.BytesIO(plain.getvalue())).testzip() is None
+    assert zipfile.ZipFile(io.BytesIO(fast.getvalue())).testzip() is not None  # the zip CRC was not computed
+
+
+def test_save_tree_falls_back_to_torch_save_when_the_private_api_differs(monkeypatch) -> None:
+    real = torch._C.PyTorchFileWriter
+
+    def writer(*args: Any) -> Any:
+        if args[1] is False:  # as if a later torch had another constructor
+            raise TypeError("unexpected arguments")
+        return real(*args)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileWriter", writer)
+    out = io.BytesIO()
+    save_tree({"a": torch.ones(3)}, out, zip_crc32=False)
+    assert zipfile.ZipFile(io.BytesIO(out.getvalue())).testzip() is None
