@@ -12,7 +12,8 @@ import queue
 import threading
 import weakref
 import zlib
-from typing import IO, Any, Iterable
+from collections.abc import Iterable
+from typing import IO, Any
 
 ALGORITHM = "crc32"
 _CHUNK = 8 * 1024 * 1024

@@ -125,7 +125,7 @@ def _worker(module: str, argv: list[str], env_extra: dict[str, str], timeout: fl
     cmd = [sys.executable, "-m", module, *argv]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f}s", "cmd": cmd}
     result = parse_result(proc.stdout)
@@ -258,9 +258,7 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
                 _fmt(row.get("slowdown_vs_modelcheckpoint"), ".2f"),
             ])
         i = entry.get("isolated") or {}
-
-        def pair(key: str) -> str:
-            return f"{_fmt(i.get(key + '_gbps'), '.2f')} ({_fmt(i.get(key + '_raw'), '.2f')})"
+        pair = _pair_formatter(i)
 
         iso.append([
             size, _fmt(entry.get("memcpy_gbps"), ".1f"), _fmt(entry.get("raw_write_gbps"), ".2f"),
@@ -269,6 +267,13 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
             pair("torch_save_fsync"), pair("lightning_io"),
         ])
     return train_head, train, iso_head, iso
+
+
+def _pair_formatter(isolated: dict[str, Any]) -> Any:
+    def pair(key: str) -> str:
+        return f"{_fmt(isolated.get(key + '_gbps'), '.2f')} ({_fmt(isolated.get(key + '_raw'), '.2f')})"
+
+    return pair
 
 
 def print_tables(results: dict[str, Any], console: Console) -> None:
@@ -325,8 +330,10 @@ def machine_info() -> dict[str, Any]:
         "memory_bytes": total,
         "load_average": load,
         "python": platform.python_version(),
-        "description": f"{cores}-core CPU ({model}), {format_size(total or 0)} RAM, load average at start "
-        + (f"{load[0]:.2f}" if load else "n/a"),
+        "description": (
+            f"{cores}-core CPU ({model}), {format_size(total or 0)} RAM, load average at start "
+            + (f"{load[0]:.2f}" if load else "n/a")
+        ),
     }
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import uuid
 from pathlib import Path
-from typing import IO, Callable, Protocol, runtime_checkable
+from typing import IO, Callable, Protocol, cast, runtime_checkable
 
 from .checksum import ALGORITHM, HashingWriter
 
@@ -89,7 +89,7 @@ class LocalStorage:
             with open(tmp, "xb", buffering=0) as raw:
                 # Unbuffered: large writes go straight from the snapshot buffers to the kernel,
                 # small ones (torch.save's zip headers) are gathered into one system call.
-                target = _EarlyWriteback(raw) if self._fsync else raw
+                target = cast(IO[bytes], _EarlyWriteback(raw)) if self._fsync else raw
                 hashing = HashingWriter(target, coalesce=SMALL_WRITES)
                 try:
                     write(hashing)

@@ -32,6 +32,10 @@ def map_tree(
         for key, value in obj.items():
             out[key] = map_tree(value, is_leaf, leaf_fn, other_fn, _join(path, key))
         return out
+    if type(obj) in (list, tuple) and _all_scalars(obj, is_leaf):
+        # Fast path for long runs of plain numbers (RNG states hold 600+ ints): no leaf there,
+        # and immutable scalars need no deep copy.
+        return list(obj) if type(obj) is list else obj
     if isinstance(obj, list):
         return [map_tree(v, is_leaf, leaf_fn, other_fn, _join(path, i)) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
@@ -52,6 +56,14 @@ def iter_leaves(obj: Any, is_leaf: Callable[[Any], bool], path: str = "") -> lis
 
     map_tree(obj, is_leaf, collect, other_fn=lambda x: x, path=path)
     return found
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _all_scalars(seq: list[Any] | tuple[Any, ...], is_leaf: Callable[[Any], bool]) -> bool:
+    """True for a longer sequence of immutable scalars none of which is a leaf."""
+    return len(seq) > 8 and all(type(v) in _SCALARS and not is_leaf(v) for v in seq)
 
 
 def _join(path: str, key: Any) -> str:

@@ -66,9 +66,9 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     callbacks: list[Any] = [StepTimer()]
     tracked: Any = None
     if method == "autockpt":
+        extra: dict[str, Any] = {"signals": ()} if "signals" in inspect.signature(AutoCheckpoint).parameters else {}
         tracked = AutoCheckpoint(
-            directory, every_n_steps=every, keep_last=2, resume=False, verbose=False, save_on_train_end=False,
-            **({"signals": ()} if "signals" in inspect.signature(AutoCheckpoint).parameters else {}),
+            directory, every_n_steps=every, keep_last=2, resume=False, verbose=False, save_on_train_end=False, **extra
         )
     elif method == "modelcheckpoint":
         tracked = keras.callbacks.ModelCheckpoint(

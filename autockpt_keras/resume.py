@@ -48,9 +48,12 @@ class ResumePoint:
     ``epoch``: the epoch ``fit()`` resumes at; ``batches_done``: batches of it already trained
     (the resumed epoch skips them; 0 = the epoch starts fresh). ``iterators_before``:
     tf.data iterators created before the current stream's (see :class:`DataStream`);
-    ``stream_pos``: batches drawn from the current stream. ``rng_stream``: the global generators when the current
-    iterator was started; ``rng_step``: at the checkpoint. ``problems``: why a resume from
-    here may not be exact (empty: exact).
+    ``stream_pos``: batches drawn from the current stream. ``rng_stream``: the global
+    generators when the current iterator was created; ``rng_first_draw``: when its first batch
+    was drawn, if other code ran in between (an iterator Keras created right after the
+    previous epoch's last batch and first drew from after validation), else None;
+    ``rng_step``: at the checkpoint. ``problems``: why a resume from here may not be exact
+    (empty: exact).
     """
 
     epoch: int

@@ -25,7 +25,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -126,7 +127,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     plugins: list[Any] = []
     tracked: Any = None
     if method.startswith("autockpt"):
-        extra = {"signals": ()} if "signals" in {f.name for f in dataclasses.fields(Config)} else {}
+        extra: dict[str, Any] = {"signals": ()} if "signals" in {f.name for f in dataclasses.fields(Config)} else {}
         tracked = AutoCheckpoint(
             directory, every_n_steps=every, keep_last=2, resume=False, verbose=False,
             snapshot_mode="overlap" if method == "autockpt-overlap" else "sync", **extra,

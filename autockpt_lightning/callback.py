@@ -487,7 +487,7 @@ class AutoCheckpoint(Callback):
             self._preemption.uninstall()
         if self._hidden_lightning_warning is not None:
             with contextlib.suppress(ValueError):
-                warnings.filters.remove(self._hidden_lightning_warning)
+                warnings.filters.remove(self._hidden_lightning_warning)  # type: ignore[attr-defined]
                 getattr(warnings, "_filters_mutated", lambda: None)()
             self._hidden_lightning_warning = None
 

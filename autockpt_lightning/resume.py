@@ -88,25 +88,25 @@ def loader_problems(trainer: pl.Trainer) -> list[str]:
                     "a __len__ (a sized loader is not fetched ahead)"
                 )
             continue
-        if sampler is not None:
-            if trainer.world_size > 1:
-                problems.append(
-                    f"{name} uses ResumableSampler under {trainer.world_size} processes, where Lightning "
-                    "wraps it in a distributed sampler whose position is not saved. Fix: use torchdata's "
-                    "StatefulDataLoader for distributed training"
-                )
-            elif _batch_size(loader) is None:
+        if trainer.world_size > 1:
+            problems.append(
+                f"{name} is not stateful, and under {trainer.world_size} processes Lightning shards it "
+                "with a distributed sampler whose position is not saved (a ResumableSampler inside it "
+                "included). Fix: use torchdata.stateful_dataloader.StatefulDataLoader"
+            )
+        elif sampler is not None:
+            if _batch_size(loader) is None:
                 problems.append(
                     f"{name} has a ResumableSampler but no batch_size, so the samples training consumed "
                     "cannot be counted; the sampler's own count includes worker prefetch"
                 )
-            continue
-        problems.append(
-            f"{name} is not resumable: after a mid-epoch resume Lightning restarts its iteration at "
-            "the first batch of the epoch (samples seen twice or never, another shuffle order). Fix: "
-            "use torchdata.stateful_dataloader.StatefulDataLoader, or pass "
-            "sampler=autockpt_lightning.ResumableSampler(dataset, shuffle=True, seed=0) to the DataLoader"
-        )
+        else:
+            problems.append(
+                f"{name} is not resumable: after a mid-epoch resume Lightning restarts its iteration at "
+                "the first batch of the epoch (samples seen twice or never, another shuffle order). Fix: "
+                "use torchdata.stateful_dataloader.StatefulDataLoader, or pass "
+                "sampler=autockpt_lightning.ResumableSampler(dataset, shuffle=True, seed=0) to the DataLoader"
+            )
     return problems
 
 

@@ -37,7 +37,9 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from typing import Any, Callable, ContextManager, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import torch
@@ -129,7 +131,7 @@ class CudaApi:
     def new_event(self) -> Any:
         return torch.cuda.Event()
 
-    def use_stream(self, stream: Any) -> ContextManager[Any]:
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
         return torch.cuda.stream(stream)
 
     def free_bytes(self, device: torch.device) -> int | None:

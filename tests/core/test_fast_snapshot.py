@@ -12,8 +12,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autockpt_core import CheckpointSession, Config, ConfigError, LocalStorage, Snapshot, read_tensor_file
-from autockpt_core import bench, cli, cli_bench, storage as storage_mod
+from autockpt_core import (
+    CheckpointSession,
+    Config,
+    ConfigError,
+    LocalStorage,
+    Snapshot,
+    bench,
+    cli,
+    cli_bench,
+    read_tensor_file,
+)
+from autockpt_core import storage as storage_mod
 from autockpt_core.checksum import HashingWriter
 from autockpt_core.tensorfile import write_tensor_file
 

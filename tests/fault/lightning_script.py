@@ -1,6 +1,6 @@
 """Lightning training script for the fault harness (contract: see harness.py).
 
-``python -m tests.fault.lightning_script DIRPATH OUT [--baseline] [--loader stateful|sampler|iterable]
+``python -m tests.fault.lightning_script DIRPATH OUT [--baseline] [--loader stateful|sampler|sampler-workers|iterable]
 [--epochs N] [--every K] [--val] [--async-persist 0|1]``
 
 A small MLP with dropout, Adam and a per-step StepLR, on shuffled synthetic data: 96 samples,
@@ -91,8 +91,10 @@ class Data(pl.LightningDataModule):
         data = TensorDataset(self.x, self.y)
         if self.loader == "stateful":
             return StatefulDataLoader(data, batch_size=8, shuffle=True)
-        if self.loader == "sampler":
-            return DataLoader(data, batch_size=8, sampler=ResumableSampler(data, shuffle=True, seed=7))
+        if self.loader in ("sampler", "sampler-workers"):
+            workers = 2 if self.loader == "sampler-workers" else 0  # workers pull indices ahead of training
+            sampler = ResumableSampler(data, shuffle=True, seed=7)
+            return DataLoader(data, batch_size=8, sampler=sampler, num_workers=workers)
         if self.loader == "iterable":
             return StatefulDataLoader(Stream(self.x, self.y), batch_size=8)
         raise ValueError(self.loader)
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirpath")
     parser.add_argument("out")
     parser.add_argument("--baseline", action="store_true")
-    parser.add_argument("--loader", default="stateful", choices=["stateful", "sampler", "iterable"])
+    parser.add_argument("--loader", default="stateful", choices=["stateful", "sampler", "sampler-workers", "iterable"])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--val", action="store_true")

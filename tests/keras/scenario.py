@@ -10,10 +10,14 @@ checkpoint keys, are the same in every process.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
+import signal
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ if keras.backend.backend() == "tensorflow":
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.experimental.enable_op_determinism()
 elif keras.backend.backend() == "torch":
     import torch
 
@@ -36,7 +41,14 @@ elif keras.backend.backend() == "torch":
 from safetensors import safe_open  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
-from autockpt_core import CheckpointWriteError, ConfigError, read_manifest, storage_for  # noqa: E402
+from autockpt_core import (  # noqa: E402
+    CheckpointWriteError,
+    Config,
+    ConfigError,
+    ResumeNotExactWarning,
+    read_manifest,
+    storage_for,
+)
 from autockpt_keras import AutoCheckpoint, export_weights, latest_checkpoint, restore  # noqa: E402
 from autockpt_keras.callback import LOG_KEYS  # noqa: E402
 from autockpt_keras.state import collect_state, unique_keys  # noqa: E402
@@ -81,6 +93,7 @@ class Probe(keras.callbacks.Callback):
         info = self.auto.restored
         self.out["restored"] = None if info is None else {
             "path": info.path, "step": info.step, "epoch": info.epoch, "next_epoch": info.next_epoch,
+            "batches_done": info.resume.batches_done if info.resume is not None else None,
         }
         if info is not None:  # compare every model and optimizer variable with the file
             saved = load_file(info.path)
@@ -217,6 +230,80 @@ def outside_fit(workdir: Path) -> dict[str, Any]:
     }
 
 
+def same_training(workdir: Path) -> dict[str, Any]:
+    """Seeded training with and without the callback (no failure) ends with the same bits."""
+    results = []
+    for with_callback in (False, True):
+        keras.utils.set_random_seed(7)
+        model = make_model()
+        x, y = data()
+        callbacks = []
+        if with_callback:
+            callbacks.append(AutoCheckpoint(workdir / "same", every_n_steps=2, warmup_steps=0, verbose=False))
+        model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=True, verbose=0, callbacks=callbacks)
+        results.append([np.asarray(v.numpy()) for v in [*model.variables, *model.optimizer.variables]])
+    plain, checkpointed = results
+    return {
+        "variables": len(plain),
+        "equal": len(plain) == len(checkpointed)
+        and all(a.tobytes() == b.tobytes() for a, b in zip(plain, checkpointed)),
+        "checkpoints": len(read_manifest(storage_for(workdir / "same"))),
+    }
+
+
+def keywords() -> dict[str, Any]:
+    """Every Config field is a keyword of AutoCheckpoint, with Config's default."""
+    params = inspect.signature(AutoCheckpoint).parameters
+    missing, wrong_default = [], []
+    for field in dataclasses.fields(Config):
+        if field.name not in params:
+            missing.append(field.name)
+        elif field.default is not dataclasses.MISSING and params[field.name].default != field.default:
+            wrong_default.append(field.name)
+    return {"missing": missing, "wrong_default": wrong_default}
+
+
+def preempt_and_continue(workdir: Path) -> dict[str, Any]:
+    """SIGUSR1 at step 5 with on_preempt="continue": a committed checkpoint of step 6, then on."""
+    model = make_model()
+    dirpath = workdir / "usr1"
+    auto = AutoCheckpoint(dirpath, every_n_steps=100, warmup_steps=0, verbose=False, on_preempt="continue")
+
+    class SignalAtStep(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if int(self.model.optimizer.iterations.numpy()) == 5:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    x, y = data()
+    previous = signal.getsignal(signal.SIGUSR1)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[auto, SignalAtStep()])
+    record = auto.preempted
+    return {
+        "preempted": None if record is None else {"step": record.step, "signal": record.signal},
+        "events": [(e.step, e.reason, e.batches_done) for e in auto.events],
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "handler_restored": signal.getsignal(signal.SIGUSR1) == previous,
+        "manifest_steps": [r.step for r in read_manifest(storage_for(dirpath))],
+    }
+
+
+def unseeded_warning(workdir: Path) -> dict[str, Any]:
+    """On TensorFlow, shuffled arrays without a global seed: a ResumeNotExactWarning says why."""
+    out: dict[str, Any] = {}
+    if keras.backend.backend() != "tensorflow":
+        return out
+    tf.random.set_seed(None)  # undo set_random_seed from an earlier scenario
+    model = make_model()
+    x, y = data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=True, verbose=0,
+                  callbacks=[AutoCheckpoint(workdir / "unseeded", every_n_steps=5, verbose=False)])
+    messages = [str(w.message) for w in caught if issubclass(w.category, ResumeNotExactWarning)]
+    out["warnings"] = messages
+    return out
+
+
 def main() -> None:
     phase, workdir = sys.argv[1], Path(sys.argv[2])
     result: dict[str, Any] = {"backend": keras.backend.backend()}
@@ -236,6 +323,10 @@ def main() -> None:
             result["run_files"] = files_report(workdir / "run")
             result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
             result["failure"] = storage_failure(workdir)
+            result["keywords"] = keywords()
+            result["same"] = same_training(workdir)
+            result["usr1"] = preempt_and_continue(workdir)
+            result["unseeded"] = unseeded_warning(workdir)
         elif phase == "resume":
             result["run"] = train(workdir / "run", epochs=4)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)

@@ -13,8 +13,8 @@ import pytest
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 tf = pytest.importorskip("tensorflow")
 
-from autockpt_core import BufferPool  # noqa: E402
-from autockpt_keras.copying import (  # noqa: E402
+from autockpt_core import BufferPool
+from autockpt_keras.copying import (
     JaxCopier,
     TensorFlowCopier,
     _cuda_to_host,
@@ -22,7 +22,7 @@ from autockpt_keras.copying import (  # noqa: E402
     copier_for,
     torch_copy,
 )
-from autockpt_keras.state import StateEntry  # noqa: E402
+from autockpt_keras.state import StateEntry
 
 
 class Holder:

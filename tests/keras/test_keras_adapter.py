@@ -121,13 +121,43 @@ def test_rerun_resumes_with_restored_state_at_the_next_epoch(results: dict[str, 
     assert run["iterations_at_end"] == 40
 
 
-def test_mid_epoch_checkpoint_replays_that_epoch_from_batch_zero(results: dict[str, Any]) -> None:
+def test_mid_epoch_checkpoint_resumes_at_the_next_batch(results: dict[str, Any]) -> None:
     assert results["first"]["mid"]["latest"].endswith("ckpt-step000000018.safetensors")
     mid = results["resume"]["mid"]
     assert mid["restored"]["step"] == 18 and mid["restored"]["next_epoch"] == 1
+    assert mid["restored"]["batches_done"] == 8  # step 18 = epoch 1, batch 7
     assert mid["restore_mismatched"] == []
     assert mid["epochs"] == [1, 2, 3]
-    assert mid["iterations_at_end"] == 18 + 3 * 10
+    # Batches 0..7 of epoch 1 are drawn but not trained (the step stays 18), then training goes on.
+    assert mid["batch_end_steps"][:9] == [18] * 8 + [19]
+    assert mid["iterations_at_end"] == 40  # as many steps as an uninterrupted 4-epoch run
+
+
+def test_constructor_mirrors_every_config_field(results: dict[str, Any]) -> None:
+    assert results["first"]["keywords"] == {"missing": [], "wrong_default": []}
+
+
+def test_callback_does_not_change_training(results: dict[str, Any]) -> None:
+    same = results["first"]["same"]
+    assert same["variables"] > 0 and same["checkpoints"] > 0
+    assert same["equal"], "seeded training with AutoCheckpoint ended with other weights than without it"
+
+
+def test_preemption_signal_commits_a_checkpoint_and_continues(results: dict[str, Any]) -> None:
+    usr1 = results["first"]["usr1"]
+    assert usr1["preempted"] == {"step": 6, "signal": "SIGUSR1"}  # signalled before step 6's update
+    assert ("preempted by SIGUSR1" in [reason for _, reason, _ in usr1["events"]])
+    assert usr1["manifest_steps"][0] == 6
+    assert usr1["iterations"] == 10  # on_preempt="continue": the epoch ran to its end
+    assert usr1["handler_restored"]
+
+
+def test_unseeded_shuffle_on_tensorflow_warns_with_the_reason(results: dict[str, Any]) -> None:
+    unseeded = results["first"]["unseeded"]
+    if results["first"]["backend"] != "tensorflow":
+        assert unseeded == {}
+        return
+    assert any("tf.random.shuffle" in m and "set_random_seed" in m for m in unseeded["warnings"]), unseeded
 
 
 def test_storage_failure_surfaces_in_training_thread_and_keeps_previous(results: dict[str, Any]) -> None:

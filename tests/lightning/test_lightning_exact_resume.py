@@ -112,6 +112,7 @@ def resume_and_compare(tmp_path: Path, loader: str, steps: list[int], epochs: in
     [
         ("stateful", [1, 7, 13, 20]),  # mid-epoch, the first step after an epoch end + validation
         ("sampler", [5, 13]),
+        ("sampler-workers", [6]),  # the iterator is re-created at the restored position
         ("iterable", [3, 13]),  # unsized: the batch Lightning fetched ahead is carried over
     ],
 )
@@ -256,3 +257,25 @@ def test_storage_error_stops_training_clearly_and_keeps_older_checkpoints(
     model, _, cb = train(str(ckpts), val=True, epochs=2, every=3)  # the disk is fine again
     assert cb is not None and cb.resumed_from == 6
     assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+@pytest.mark.parametrize("auto_requeue", [True, False])
+def test_lightning_slurm_auto_requeue_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, auto_requeue: bool
+) -> None:
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    for name, value in dict(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SLURM_JOB_ID", "123")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    cb = AutoCheckpoint(tmp_path / "ck", every_n_steps=5, verbose=False)
+    plugins = [SLURMEnvironment(auto_requeue=auto_requeue)]
+    trainer = make_trainer(tmp_path, [cb], max_steps=2, plugins=plugins, enable_checkpointing=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(TinyModel(), TinyData(stateful=True))
+    slurm = [str(w.message) for w in caught if "SLURM auto-requeue" in str(w.message)]
+    assert len(slurm) == (1 if auto_requeue else 0)
+    if auto_requeue:
+        assert "SLURMEnvironment(auto_requeue=False)" in slurm[0]

@@ -81,7 +81,7 @@ def test_sync_copies_everything_before_returning() -> None:
 def test_overlap_defers_only_optimizer_owned_tensors_and_honours_the_update_rule() -> None:
     state = make_state()
     w, bn = state["state_dict"]["w"], state["state_dict"]["bn.running_mean"]
-    deferrable = lambda t: t.data_ptr() in {w.data_ptr(), state["optimizer_states"][0]["state"][0]["exp_avg"].data_ptr()}  # noqa: E731
+    deferrable = lambda t: t.data_ptr() in {w.data_ptr(), state["optimizer_states"][0]["state"][0]["exp_avg"].data_ptr()}
     snapshotter = TorchSnapshotter("overlap")
     pool = torch_buffer_pool()
     expected_w, expected_bn = w.clone(), bn.clone()
@@ -97,7 +97,7 @@ def test_overlap_defers_only_optimizer_owned_tensors_and_honours_the_update_rule
 
 
 def test_overlap_without_a_predicate_copies_everything_now() -> None:
-    copy, _, pending = take(TorchSnapshotter("overlap"), make_state(), torch_buffer_pool())
+    _, _, pending = take(TorchSnapshotter("overlap"), make_state(), torch_buffer_pool())
     assert pending is None
 
 
@@ -158,7 +158,7 @@ class FakeEvent:
     def __init__(self, log: list[str], name: str) -> None:
         self.log, self.name = log, name
 
-    def record(self, stream: "FakeStream") -> None:
+    def record(self, stream: FakeStream) -> None:
         self.log.append(f"record {self.name} on {stream.name}")
 
     def synchronize(self) -> None:
@@ -169,7 +169,7 @@ class FakeStream:
     def __init__(self, log: list[str], name: str) -> None:
         self.log, self.name = log, name
 
-    def wait_stream(self, other: "FakeStream") -> None:
+    def wait_stream(self, other: FakeStream) -> None:
         self.log.append(f"{self.name} waits for {other.name}")
 
     def wait_event(self, event: FakeEvent) -> None:
