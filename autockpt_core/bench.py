@@ -115,6 +115,29 @@ def safetensors_persist(nbytes: int, directory: str, reps: int = 3, tensors: int
     return {"safetensors_persist_s": seconds, "safetensors_bytes": float(size)}
 
 
+def step_times(marks: dict[int, float], warm: int, every: int) -> dict[str, Any]:
+    """Step-time figures from the time marks at the end of each step.
+
+    ``mean_step_s``: (last mark - mark at ``warm``) / steps. ``intervals_s``: durations of the
+    consecutive windows of ``every`` steps after ``warm``, each holding exactly one checkpoint's
+    stall; ``median_step_s`` = their median / ``every``, robust to a load spike on a shared
+    machine.
+    """
+    steps = sorted(marks)
+    if warm not in marks or steps[-1] <= warm:
+        return {"mean_step_s": None, "median_step_s": None, "intervals_s": []}
+    intervals = [
+        marks[warm + (k + 1) * every] - marks[warm + k * every]
+        for k in range((steps[-1] - warm) // every)
+        if warm + (k + 1) * every in marks
+    ]
+    return {
+        "mean_step_s": (marks[steps[-1]] - marks[warm]) / (steps[-1] - warm),
+        "median_step_s": statistics.median(intervals) / every if intervals else None,
+        "intervals_s": intervals,
+    }
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the worker's result line (the last thing a worker prints)."""
     result.setdefault("peak_rss_bytes", peak_rss_bytes())

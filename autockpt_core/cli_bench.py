@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="intra-op threads of torch and TensorFlow in the training runs (0: the frameworks' default)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each isolated measurement")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the sequence of training configurations this many times (alternating order); medians are reported")
     parser.add_argument("--keras-backend", default="tensorflow", help="KERAS_BACKEND for the Keras runs")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per configuration")
 
@@ -80,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(frameworks) - {"lightning", "keras"}
     if unknown:
         raise ValueError(f"unknown framework(s) {sorted(unknown)}; use lightning, keras or both")
-    if args.every < 2 or args.checkpoints < 1:
-        raise ValueError("--every must be >= 2 and --checkpoints >= 1")
+    if args.every < 2 or args.checkpoints < 1 or args.repeat < 1:
+        raise ValueError("--every must be >= 2, --checkpoints and --repeat >= 1")
     available = _mem_available()
     kept = [s for s in sizes if available is None or s * PEAK_FACTOR + PEAK_BASE <= available]
     for s in sizes:
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         "machine": machine_info(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "autockpt bench " + " ".join(_argv_of(args)),
-        "settings": {"every": args.every, "checkpoints": args.checkpoints, "reps": args.reps,
+        "settings": {"every": args.every, "checkpoints": args.checkpoints, "reps": args.reps, "repeat": args.repeat,
                      "keras_backend": args.keras_backend, "threads": args.threads or "framework default"},
         "sizes": [],
     }
@@ -152,20 +154,19 @@ def _bench_size(size: int, root: str, frameworks: list[str], args: argparse.Name
             "autockpt_lightning.bench", ["persist", "--bytes", str(size), "--dir", directory, "--reps", str(args.reps)],
             {}, args.timeout,
         )
-        for i, method in enumerate(LIGHTNING_METHODS):
-            console.print(f", lightning {method}", end="")
-            run_dir = os.path.join(directory, f"lightning-{i}-{method}")
-            entry["runs"].append(_worker("autockpt_lightning.bench", ["train", "--method", method, "--dir", run_dir, *train_args], threads_env, args.timeout))
-            shutil.rmtree(run_dir, ignore_errors=True)
-    if "keras" in frameworks:
-        for i, method in enumerate(KERAS_METHODS):
-            console.print(f", keras {method}", end="")
-            run_dir = os.path.join(directory, f"keras-{i}-{method}")
-            entry["runs"].append(
-                _worker("autockpt_keras.bench", ["train", "--method", method, "--dir", run_dir, *train_args],
-                        {"KERAS_BACKEND": args.keras_backend, **threads_env}, args.timeout)
-            )
-            shutil.rmtree(run_dir, ignore_errors=True)
+    for rep in range(args.repeat):
+        for framework, methods, module, env in (
+            ("lightning", LIGHTNING_METHODS, "autockpt_lightning.bench", threads_env),
+            ("keras", KERAS_METHODS, "autockpt_keras.bench", {"KERAS_BACKEND": args.keras_backend, **threads_env}),
+        ):
+            if framework not in frameworks:
+                continue
+            order = methods if rep % 2 == 0 else tuple(reversed(methods))
+            for i, method in enumerate(order):
+                console.print(f", {framework} {method}", end="")
+                run_dir = os.path.join(directory, f"{framework}-{rep}-{i}-{method}")
+                entry["runs"].append(_worker(module, ["train", "--method", method, "--dir", run_dir, *train_args], env, args.timeout))
+                shutil.rmtree(run_dir, ignore_errors=True)
     console.print()
     for run_ in entry["runs"] + [entry["floor"], entry.get("persist") or {}]:
         if "error" in run_:
@@ -187,17 +188,18 @@ def summarize(results: dict[str, Any]) -> None:
         rows = []
         for framework in ("lightning", "keras"):
             runs = [r for r in entry["runs"] if r.get("framework") == framework and "error" not in r]
-            base = [r for r in runs if r["method"] == "none" and r.get("mean_step_s")]
+            base = [r for r in runs if r["method"] == "none" and _step_s(r)]
             if not base:
                 continue
-            base_step = statistics.mean(r["mean_step_s"] for r in base)
-            base_rss = min(r["peak_rss_bytes"] for r in base)
-            noise = (max(r["mean_step_s"] for r in base) - min(r["mean_step_s"] for r in base)) / base_step
+            base_steps = [_step_s(r) for r in base]
+            base_step = statistics.median(base_steps)
+            base_rss = statistics.median(r["peak_rss_bytes"] for r in base)
+            noise = (max(base_steps) - min(base_steps)) / base_step
             rows.append({"framework": framework, "method": "none", "step_ms": base_step * 1e3, "slowdown": 0.0,
-                         "baseline_noise": noise})
-            for r in runs:
-                if r["method"] == "none":
-                    continue
+                         "baseline_noise": noise, "runs": len(base)})
+            methods = list(dict.fromkeys(r["method"] for r in runs if r["method"] != "none"))
+            for method in methods:
+                r = _aggregate([x for x in runs if x["method"] == method])
                 state = r["state_bytes"]
                 row: dict[str, Any] = {"framework": framework, "method": r["method"], "state_bytes": state,
                                        "copy_mode": r.get("copy_mode"), "fsync": r.get("fsync", True)}
@@ -207,8 +209,9 @@ def summarize(results: dict[str, Any]) -> None:
                     row["persist_gbps"] = r["file_bytes"] / r["persist_s"] / 1e9
                     row["persist_raw"] = (r["file_bytes"] / r["persist_s"]) / raw_rate if raw_rate else None
                 row["mem_ratio"] = (r["peak_rss_bytes"] - base_rss) / state
-                row["step_ms"] = r["mean_step_s"] * 1e3
-                row["slowdown"] = r["mean_step_s"] / base_step - 1.0
+                row["step_ms"] = _step_s(r) * 1e3
+                row["slowdown"] = _step_s(r) / base_step - 1.0
+                row["runs"] = r["runs"]
                 rows.append(row)
             ref = next((x for x in rows if x["framework"] == framework and x["method"] == "modelcheckpoint"), None)
             for row in rows:
@@ -231,6 +234,22 @@ def summarize(results: dict[str, Any]) -> None:
         entry["isolated"] = iso
 
 
+def _step_s(run: dict[str, Any]) -> float:
+    """Step time of a run: the median over its checkpoint intervals (mean if not recorded)."""
+    return run.get("median_step_s") or run.get("mean_step_s") or 0.0
+
+
+def _aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run from repeated ones: the median of every number, the first value otherwise."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(isinstance(v, (int, float)) for v in values):
+            out[key] = statistics.median(values)  # type: ignore[arg-type]
+    out["runs"] = len(runs)
+    return out
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -238,7 +257,7 @@ def _fmt(value: Any, spec: str) -> str:
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
     """(headers, rows) of the training table and of the isolated table, as strings."""
     train_head = ["size", "framework", "method", "stall ms", "stall ÷ memcpy", "persist GB/s", "persist ÷ raw",
-                  "extra host mem ÷ state", "step ms", "slowdown", "slowdown ÷ ModelCheckpoint's"]
+                  "extra host mem ÷ state", "step ms (median)", "slowdown", "slowdown ÷ ModelCheckpoint's"]
     train: list[list[str]] = []
     iso_head = ["size", "memcpy GB/s", "raw write+fsync GB/s", "autockpt copy ms (÷ memcpy)",
                 "autockpt .ckpt GB/s (÷ raw)", ".ckpt with zip CRC", "autockpt .safetensors (÷ raw)",
@@ -362,6 +381,6 @@ def _threads_env(threads: int) -> dict[str, str]:
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
     out = []
-    for name in ("sizes", "frameworks", "every", "checkpoints", "threads", "reps", "keras_backend"):
+    for name in ("sizes", "frameworks", "every", "checkpoints", "threads", "repeat", "reps", "keras_backend"):
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return out

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from autockpt_core.bench import emit, mlp_layout
+from autockpt_core.bench import emit, mlp_layout, step_times
 
 METHODS = ("none", "autockpt", "modelcheckpoint")
 BATCH = 16
@@ -92,13 +92,10 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     model.fit(x, x, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     state = list(model.variables) + list(model.optimizer.variables)
     nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in state)
-    steps = sorted(marks)
-    measured = [s for s in steps if s > warm]
-    mean_step = (marks[steps[-1]] - marks[warm]) / len(measured) if warm in marks and measured else None
     result: dict[str, Any] = {
         "case": "train", "framework": "keras", "backend": keras.backend.backend(), "method": method,
         "state_bytes": nbytes, "width": width, "layers": layers, "every": every, "steps": total_steps,
-        "warmup": warm, "mean_step_s": mean_step,
+        "warmup": warm, **step_times(marks, warm, every),
     }
     if tracked is not None:
         since = marks.get(warm)

@@ -82,7 +82,9 @@ from .resume import (
     InputReport,
     ResumePoint,
     SkipSteps,
+    StreamState,
     advance_dataset,
+    build_metrics,
     find_epoch_iterator,
     inspect_inputs,
     unwrap_train_function,
@@ -444,6 +446,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         session = self._require_session()
         arrays, info = read_record(session.storage, record)
         ensure_built(self.model)
+        if self._backend == "tensorflow":  # so the metric values can be assigned too
+            build_metrics(self.model, self._epoch_iterator)
         assign_state(collect_state(self.model), arrays, order=info.keys)
         point = info.resume
         if point is not None and point.batches_done > 0:
@@ -478,7 +482,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         inputs = self.inputs
         if inputs is not None and inputs.reshuffles:
             advance_dataset(self._epoch_iterator, point.iterators_before)
-        stream.resume(point)
+        first = point.rng_first_draw
+        stream.resume(point, after_creation=(lambda: self._restore_rng(first)) if first is not None else None)
         if point.batches_done > 0:
             if self._metric_arrays:  # fit() reset the metrics before this hook
                 assign_state(collect_state(self.model, ("metrics",)), self._metric_arrays, groups=("metrics",))
@@ -538,17 +543,17 @@ class AutoCheckpoint(keras.callbacks.Callback):
         """At ``on_epoch_begin(epoch)``, after the stream bookkeeping: the rerun starts ``epoch``."""
         return self._point(epoch, 0, self._require_stream().current())
 
-    def _point(self, epoch: int, batches_done: int, stream: tuple[int, int, dict[str, Any]]) -> ResumePoint:
-        """The position and the generators now; ``stream``: (index, position, generators at its start)."""
-        iterators_before, stream_pos, rng_stream = stream
+    def _point(self, epoch: int, batches_done: int, stream: StreamState) -> ResumePoint:
+        """The position and the generators now, in ``stream``."""
         inputs = self.inputs
         return ResumePoint(
             epoch=epoch,
             batches_done=batches_done,
-            iterators_before=iterators_before,
-            stream_pos=stream_pos,
-            rng_stream=rng_stream,
+            iterators_before=stream.iterators_before,
+            stream_pos=stream.position,
+            rng_stream=stream.rng,
             rng_step=self._capture_rng(),
+            rng_first_draw=stream.rng_first_draw,
             steps_per_execution=int(getattr(self.model, "steps_per_execution", 1) or 1),
             inputs=inputs.kind if inputs is not None else "unknown",
             problems=inputs.problems if inputs is not None else (),

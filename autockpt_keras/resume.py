@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from typing import Any, Callable, Iterable
+
+log = logging.getLogger("autockpt")
 
 #: Version of the JSON written under the ``resume`` key of the checkpoint header.
 POINT_VERSION = 1
@@ -62,6 +65,7 @@ class ResumePoint:
     stream_pos: int
     rng_stream: dict[str, Any]
     rng_step: dict[str, Any]
+    rng_first_draw: dict[str, Any] | None = None
     steps_per_execution: int = 1
     inputs: str = "unknown"
     problems: tuple[str, ...] = ()
@@ -117,6 +121,28 @@ def _looks_like_epoch_iterator(obj: Any) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamState:
+    """Where the data stream stands (see :class:`ResumePoint` for the fields)."""
+
+    iterators_before: int
+    position: int
+    rng: dict[str, Any]
+    rng_first_draw: dict[str, Any] | None
+
+
+class _AfterIter:
+    """Iterable that runs ``after()`` right after ``iter(source)`` (before the first draw)."""
+
+    def __init__(self, source: Any, after: Callable[[], None]) -> None:
+        self._source, self._after = source, after
+
+    def __iter__(self) -> Any:
+        iterator = iter(self._source)
+        self._after()
+        return iterator
+
+
 class DataStream:
     """Which data iterator (stream) ``fit()`` draws from, and how far, across the training.
 
@@ -145,6 +171,8 @@ class DataStream:
         self.drawn = 0  # streams drawn from since training began
         self.index = 0
         self.rng: dict[str, Any] | None = None
+        self.rng_first: dict[str, Any] | None = None
+        self._after_next_creation: Callable[[], None] | None = None
         self._undrawn = False  # the current stream has not given a batch yet
         self._fresh = False  # ... and is not even created (Keras creates it at the next batch)
         self._tracked: Any = None
@@ -158,7 +186,9 @@ class DataStream:
 
         def counting_get_iterator() -> Any:
             self.created += 1
-            return original()
+            after, self._after_next_creation = self._after_next_creation, None
+            source = original()
+            return source if after is None else _AfterIter(source, after)
 
         ei._get_iterator = counting_get_iterator
 
@@ -172,17 +202,23 @@ class DataStream:
         """Note whether this epoch starts a new stream; if so, capture the generators for it."""
         eager = self._recreated()
         if self._starts_new():
-            rng = self._pending_rng if eager and self._pending_rng is not None else self._capture()
-            self.rng = rng
+            now = self._capture()
+            if eager and self._pending_rng is not None:
+                self.rng, self.rng_first = self._pending_rng, now
+            else:
+                self.rng, self.rng_first = now, None
             self._undrawn = True
             self._fresh = not eager
         self._pending_rng = None
         self._epoch_batches = 0
 
-    def resume(self, point: ResumePoint) -> None:
-        """The resumed epoch re-creates the checkpoint's stream (its iterator is built lazily)."""
+    def resume(self, point: ResumePoint, after_creation: Callable[[], None] | None = None) -> None:
+        """The resumed epoch re-creates the checkpoint's stream (its iterator is built lazily);
+        ``after_creation`` runs right after that iterator is created, before its first draw."""
         self.created = self.drawn = self.index = point.iterators_before
         self.rng = point.rng_stream
+        self.rng_first = point.rng_first_draw
+        self._after_next_creation = after_creation
         self._undrawn = self._fresh = True
         self._tracked = None
         self._pending_rng = None
@@ -205,20 +241,22 @@ class DataStream:
         if ei.steps_per_epoch and num and ei._steps_seen >= num:
             self._pending_rng = self._capture()
 
-    def current(self) -> tuple[int, int, dict[str, Any]]:
-        """(index, batches drawn, generators at its start) of the stream the next batch comes from."""
+    def current(self) -> StreamState:
+        """The stream the next batch comes from: index, batches drawn, generators at its start."""
         if self._undrawn:
-            return self._upcoming_index(created=not self._fresh), 0, self._rng()
+            return StreamState(self._upcoming_index(created=not self._fresh), 0, self._rng(), self.rng_first)
         pos = self._epoch_batches if self._ei is None else int(self._ei._steps_seen)
-        return self.index, pos, self._rng()
+        return StreamState(self.index, pos, self._rng(), self.rng_first)
 
-    def next_epoch(self) -> tuple[int, int, dict[str, Any]]:
+    def next_epoch(self) -> StreamState:
         """Like :meth:`current`, for the epoch after the one that just ended, without changing
         anything (for the final checkpoint)."""
         eager = self._recreated()
         if self._starts_new():
-            rng = self._pending_rng if eager and self._pending_rng is not None else self._capture()
-            return self._upcoming_index(created=eager), 0, rng
+            now = self._capture()
+            if eager and self._pending_rng is not None:
+                return StreamState(self._upcoming_index(created=True), 0, self._pending_rng, now)
+            return StreamState(self._upcoming_index(created=False), 0, now, None)
         return self.current()
 
     def _rng(self) -> dict[str, Any]:
@@ -277,6 +315,7 @@ class SkipSteps:
         self.before_first_step = before_first_step
         self.skipped = 0
         self.dropped = 0
+        self._metrics_built = False
 
     def install(self) -> None:
         self.model.train_function = self
@@ -303,11 +342,13 @@ class SkipSteps:
             return
         for i in range(_steps_per_execution(self.model)):
             try:
-                next(data)
+                batch = next(data)
             except StopIteration:
                 if i == 0:
                     raise
                 return
+            if i == 0 and not self._metrics_built:
+                self._metrics_built = build_metrics(self.model, None, batch)
 
     def _drop(self, data: Any) -> Any:
         n, self.drop = self.drop, 0
@@ -328,6 +369,30 @@ class SkipSteps:
             ei._steps_seen += n  # Keras' own count of the stream, as in the interrupted run
         self.dropped += n
         return data
+
+
+def build_metrics(model: Any, epoch_iterator: Any | None, batch: Any = None) -> bool:
+    """Build the compiled metrics and losses of a TensorFlow model before its first step.
+
+    Without a distribution strategy, Keras' TensorFlow trainer builds them when the train
+    step is first traced, but a resumed epoch needs them before: their checkpoint values are
+    assigned in ``on_train_begin``, and an epoch that only skips ends with
+    ``model.get_metrics_result()``. Builds from ``batch`` or the input's ``element_spec``
+    (symbolically: no data is drawn, no generator advances). Returns True when built.
+    """
+    compiled = [getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None)]
+    if all(m is None or m.built for m in compiled):
+        return True
+    if batch is None:
+        batch = getattr(getattr(epoch_iterator, "_distributed_dataset", None), "element_spec", None)
+    if batch is None:
+        return False
+    try:
+        model._symbolic_build(data_batch=batch)
+    except Exception as exc:  # not fatal: the metrics are built by the first real step instead
+        log.info("autockpt: could not build the compiled metrics early: %s", exc)
+        return False
+    return True
 
 
 def current_logs(model: Any) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from autockpt_core import LocalStorage
-from autockpt_core.bench import emit, mlp_layout, timed
+from autockpt_core.bench import emit, mlp_layout, step_times, timed
 
 METHODS = ("none", "autockpt", "autockpt-overlap", "modelcheckpoint", "async")
 BATCH = 16
@@ -156,13 +156,10 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     nbytes += sum(
         v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
     )
-    steps = sorted(marks)
-    measured = [s for s in steps if s > warm]
-    mean_step = (marks[steps[-1]] - marks[warm]) / len(measured) if warm in marks and measured else None
     result: dict[str, Any] = {
         "case": "train", "framework": "lightning", "method": method, "state_bytes": nbytes,
         "width": width, "layers": layers, "every": every, "steps": total_steps, "warmup": warm,
-        "mean_step_s": mean_step,
+        **step_times(marks, warm, every),
     }
     if tracked is not None:
         result.update(stall_figures(hooks, marks.get(warm), checkpoints))

@@ -278,3 +278,20 @@ def test_machine_info_names_the_cpu() -> None:
     info = cli_bench.machine_info()
     assert info["cores"] >= 1 and info["cpu"]
     json.dumps(info)
+
+
+def test_step_times_take_the_median_checkpoint_interval() -> None:
+    marks = {s: float(s) for s in range(4, 35)}
+    marks[20] += 50.0  # a load spike in one interval
+    for s in range(21, 35):
+        marks[s] += 50.0
+    out = bench.step_times(marks, warm=4, every=10)
+    assert out["intervals_s"] == [10.0, 60.0, 10.0]
+    assert out["median_step_s"] == 1.0
+    assert out["mean_step_s"] == pytest.approx(80.0 / 30)
+
+
+def test_repeated_runs_are_aggregated_by_median() -> None:
+    runs = [_run("keras", "autockpt", s, stall_s=s) for s in (1.0, 3.0, 2.0)]
+    agg = cli_bench._aggregate(runs)
+    assert agg["mean_step_s"] == 2.0 and agg["stall_s"] == 2.0 and agg["runs"] == 3 and agg["method"] == "autockpt"

@@ -138,26 +138,25 @@ def test_constructor_mirrors_every_config_field(results: dict[str, Any]) -> None
 
 
 def test_callback_does_not_change_training(results: dict[str, Any]) -> None:
-    same = results["first"]["same"]
-    assert same["variables"] > 0 and same["checkpoints"] > 0
-    assert same["equal"], "seeded training with AutoCheckpoint ended with other weights than without it"
+    assert results["first"]["run"]["events"], "the seeded run took no checkpoint"
+    assert results["first"]["same"]["equal"], "seeded training with AutoCheckpoint ended with other weights"
 
 
 def test_preemption_signal_commits_a_checkpoint_and_continues(results: dict[str, Any]) -> None:
     usr1 = results["first"]["usr1"]
     assert usr1["preempted"] == {"step": 6, "signal": "SIGUSR1"}  # signalled before step 6's update
-    assert ("preempted by SIGUSR1" in [reason for _, reason, _ in usr1["events"]])
+    assert "preempted by SIGUSR1" in [reason for _, reason, _ in usr1["events"]]
     assert usr1["manifest_steps"][0] == 6
     assert usr1["iterations"] == 10  # on_preempt="continue": the epoch ran to its end
     assert usr1["handler_restored"]
 
 
-def test_unseeded_shuffle_on_tensorflow_warns_with_the_reason(results: dict[str, Any]) -> None:
-    unseeded = results["first"]["unseeded"]
-    if results["first"]["backend"] != "tensorflow":
-        assert unseeded == {}
-        return
-    assert any("tf.random.shuffle" in m and "set_random_seed" in m for m in unseeded["warnings"]), unseeded
+def test_unseeded_shuffle_warns_with_the_reason_on_tensorflow(results: dict[str, Any]) -> None:
+    messages = results["first"]["usr1"]["not_exact_warnings"]
+    if results["first"]["backend"] == "tensorflow":
+        assert any("tf.random.shuffle" in m and "set_random_seed" in m for m in messages), messages
+    else:  # shuffled arrays on torch: the global torch generator is restored, nothing to warn about
+        assert messages == []
 
 
 def test_storage_failure_surfaces_in_training_thread_and_keeps_previous(results: dict[str, Any]) -> None:

@@ -1,0 +1,167 @@
+"""Kill Keras training processes at chosen and random moments; the rerun ends bitwise equal.
+
+Each test runs ``tests/fault/keras_script.py`` (contract: ``tests/fault/harness.py``) in
+fresh processes: once without the callback (the baseline, run alongside the faulty
+sequence), then with faults, one per process — SIGKILL inside the snapshot, halfway through
+writing a checkpoint file, after the file is renamed but before the manifest lists it, while
+retention deletes an old file, at a training step (also while a resumed epoch is still
+skipping), SIGTERM (emergency checkpoint, exit status 143), an injected ENOSPC, a corrupted
+newest checkpoint — and finally reruns until training is done. The final model and
+optimizer variables must equal the baseline's bit for bit.
+
+CI runs one sequence per backend (TensorFlow, torch) on shuffled arrays with dropout and
+validation; ``@pytest.mark.slow`` runs every input type, more kills, random external kills
+and other seeds. No assertion depends on time.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+
+from tests.fault import harness
+
+pytestmark = pytest.mark.integration
+
+COMMAND = [sys.executable, "-m", "tests.fault.keras_script"]
+BACKENDS = ["tensorflow", "torch"]
+
+
+class Baseline:
+    """The uninterrupted run without the callback, in a thread beside the faulty runs."""
+
+    def __init__(self, workdir: Path, extra: Sequence[str]) -> None:
+        self.weights: dict[str, np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(workdir, list(extra)), daemon=True)
+        self._thread.start()
+
+    def _run(self, workdir: Path, extra: list[str]) -> None:
+        try:
+            self.weights = harness.run_baseline(COMMAND, workdir, extra_args=extra)
+        except BaseException as exc:  # re-raised in the test thread by result()
+            self.error = exc
+
+    def result(self) -> dict[str, np.ndarray]:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.weights is not None
+        return self.weights
+
+
+def faulty_sequence(
+    workdir: Path,
+    extra: Sequence[str],
+    plans: Sequence[dict[str, Any] | str],
+    kill_after: Sequence[float] = (),
+) -> tuple[harness.FaultRun, list[str]]:
+    """One process per plan (``"corrupt"``: damage the newest checkpoint instead), then random
+    external kills, then reruns until done. Returns the run and every process's output."""
+    dirpath, out = workdir / "ckpts", workdir / "weights.npz"
+    attempts: list[harness.Attempt] = []
+    for plan in plans:
+        if plan == "corrupt":
+            harness.corrupt_newest(dirpath, "truncate")
+            continue
+        assert isinstance(plan, dict)
+        attempt = harness.run_once(COMMAND, dirpath, out, plan, extra_args=extra)
+        assert attempt.returncode != 0, "finished before its fault:\n" + attempt.describe() + attempt.output[-3000:]
+        attempts.append(attempt)
+    run = harness.run_until_done(COMMAND, dirpath, out, kill_after=kill_after, extra_args=extra)
+    run.attempts[:0] = attempts
+    return run, [a.output for a in run.attempts]
+
+
+def check(run: harness.FaultRun, baseline: dict[str, np.ndarray], outputs: list[str], context: str = "") -> None:
+    run.assert_faults_happened()
+    errors = [o for o in outputs if "Traceback" in o and "injected" not in o]
+    assert not errors, context + "\n" + errors[0][-4000:]
+    try:
+        harness.assert_weights_equal(run.weights, baseline)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{context}") from None
+
+
+def ci_plans(rng: random.Random) -> list[dict[str, Any] | str]:
+    """Three SIGKILLs at randomly chosen moments, a SIGTERM and a corrupted checkpoint."""
+    return [
+        {"phase": "persist", "nth": rng.randint(1, 3)},  # halfway through writing a checkpoint file
+        {"phase": "step", "at": 14, "action": "sigterm"},  # emergency checkpoint of step 15, exit 143
+        "corrupt",  # that checkpoint is damaged: the next run falls back to step 12's
+        {"phase": "snapshot", "nth": rng.randint(1, 3)},  # inside the copy
+        {"phase": "step", "at": rng.randint(13, 34)},  # before a step's update (or while skipping)
+    ]
+
+
+def fault_seed() -> int:
+    """Seed of the kill moments: AUTOCKPT_FAULT_SEED to replay a failure, else a fresh one."""
+    text = os.environ.get("AUTOCKPT_FAULT_SEED")
+    return int(text) if text else random.SystemRandom().randrange(1 << 30)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killed_run_resumes_bitwise_equal(backend: str, tmp_path: Path) -> None:
+    seed = fault_seed()
+    extra = ["--backend", backend, "--inputs", "arrays", "--val"]
+    baseline = Baseline(tmp_path, extra)
+    run, outputs = faulty_sequence(tmp_path, extra, ci_plans(random.Random(seed)))
+    context = f"AUTOCKPT_FAULT_SEED={seed}\n{run.report()}"
+    sigterm = run.attempts[1]
+    assert sigterm.returncode == 143, context  # 128 + SIGTERM, after the commit
+    assert sigterm.newest_step == 15 and "SIGTERM received; checkpoint of step 15 committed" in sigterm.output
+    after_corrupt = run.attempts[2].output  # falls back to the previous checkpoint (step 12)
+    assert "skipping checkpoint ckpt-step000000015" in after_corrupt, context + after_corrupt[-3000:]
+    assert "resumed from" in after_corrupt and "ckpt-step000000012" in after_corrupt, context
+    check(run, baseline.result(), outputs, context)
+
+
+# -- slow: every input type, more kills, random moments, other seeds ----------------------------------
+
+SLOW_PLANS: list[dict[str, Any] | str] = [
+    {"phase": "snapshot", "nth": 2},
+    {"phase": "persist", "nth": 2},
+    {"phase": "commit", "nth": 2},  # file renamed, manifest not yet written
+    {"phase": "retention", "nth": 1},  # manifest written, old file not yet deleted
+    {"phase": "step", "at": 14, "action": "sigterm"},
+    {"phase": "persist", "nth": 1, "action": "enospc"},  # CheckpointWriteError, nothing deleted
+    {"phase": "step", "at": 17},
+    {"phase": "step", "at": 1},  # the resumed epoch is still skipping: killed before any training
+    "corrupt",
+    {"phase": "step", "at": 25},
+]
+
+SLOW_CASES = [
+    ("tensorflow", "arrays", ["--val"]),
+    ("tensorflow", "pydataset", ["--val"]),
+    ("tensorflow", "tfdata", ["--val"]),
+    ("tensorflow", "repeat", []),
+    ("tensorflow", "arrays", ["--steps-per-epoch", "5", "--epochs", "7", "--val"]),
+    ("tensorflow", "arrays", ["--async-persist", "0", "--seed", "3"]),
+    ("torch", "arrays", ["--val"]),
+    ("torch", "pydataset", ["--val"]),
+    ("torch", "dataloader", ["--val"]),
+    ("torch", "tfdata", []),
+    ("torch", "repeat", ["--async-persist", "0"]),
+    ("torch", "arrays", ["--steps-per-epoch", "5", "--epochs", "7", "--val", "--seed", "3"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "inputs", "flags"), SLOW_CASES, ids=lambda v: v if isinstance(v, str) else "-".join(v))
+def test_many_faults_every_input_type(backend: str, inputs: str, flags: list[str], tmp_path: Path) -> None:
+    extra = ["--backend", backend, "--inputs", inputs, *flags]
+    baseline = Baseline(tmp_path, extra)
+    rng = random.Random(f"{backend}-{inputs}-{flags}")
+    kill_after = [rng.uniform(4.0, 9.0) for _ in range(3)]  # external SIGKILLs at random moments
+    run, outputs = faulty_sequence(tmp_path, extra, SLOW_PLANS, kill_after=kill_after)
+    enospc = next(a for a in run.attempts if a.plan and a.plan.get("action") == "enospc")
+    assert "CheckpointWriteError" in enospc.output and "No space left on device" in enospc.output
+    check(run, baseline.result(), outputs, run.report())
