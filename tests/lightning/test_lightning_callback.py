@@ -281,18 +281,23 @@ def test_budget_driven_checkpoints_are_spaced_as_the_policy_reported(tmp_path: P
     trainer.fit(TinyModel(), TinyData(samples=4096))
 
     steps = [e.step for e in cb.events]
+    reasons = {e.step: e.reason for e in cb.events}
     assert cb.events[0].reason.startswith("profiling")
     assert len(steps) >= 3, [(e.step, e.reason) for e in cb.events]
     logged = {step: row for step, row in logger.rows}
     for prev, cur in zip(steps, steps[1:]):
-        decision = recorder.decisions[cur]
+        # A checkpoint due at an epoch's last batch (which Lightning cannot resume exactly) is
+        # taken one step later by the callback, with the reason saying so.
+        due = cur - 1 if f"deferred from step {cur - 1}" in reasons[cur] else cur
+        decision = recorder.decisions[due]
         assert decision.save and decision.interval is not None
-        assert cur - prev >= decision.interval.steps  # due at this step ...
-        for q in range(prev + 1, cur):  # ... and not due (or deferred while persisting) before
+        assert due - prev >= decision.interval.steps  # due at this step ...
+        for q in range(prev + 1, due):  # ... and not due (or deferred while persisting) before
             before = recorder.decisions[q]
             assert not before.save
             if before.interval is not None and q - prev >= before.interval.steps:
-                assert "deferred" in before.reason, (q, before)
+                # deferred while the previous persist runs, or paused to re-measure clean steps
+                assert "deferred" in before.reason or "re-profiling" in before.reason, (q, before)
         assert logged[cur]["autockpt/interval_steps"] == decision.interval.steps
     event = cb.events[-1]
     assert event.interval_steps == recorder.decisions[event.step].interval.steps
