@@ -20,7 +20,9 @@ def map_tree(
     """Return a copy of ``obj`` with ``leaf_fn(path, leaf)`` applied to every leaf.
 
     Dicts keep their type (OrderedDict, defaultdict), lists become lists, tuples and namedtuples
-    keep their type. Values that are neither containers nor leaves go through ``other_fn``
+    keep their type. A list or plain tuple of more than 8 plain scalars (exact types int, float,
+    str, bool, bytes, complex, None) is copied whole without visiting its items, so such
+    scalars are never passed to ``is_leaf`` there. Values that are neither containers nor leaves go through ``other_fn``
     (default: a deep copy, so the snapshot never aliases live training state). Paths are
     "/"-joined keys and indices, e.g. ``"state_dict/layer.weight"``.
     """
@@ -32,9 +34,9 @@ def map_tree(
         for key, value in obj.items():
             out[key] = map_tree(value, is_leaf, leaf_fn, other_fn, _join(path, key))
         return out
-    if type(obj) in (list, tuple) and _all_scalars(obj, is_leaf):
-        # Fast path for long runs of plain numbers (RNG states hold 600+ ints): no leaf there,
-        # and immutable scalars need no deep copy.
+    if type(obj) in (list, tuple) and len(obj) > 8 and set(map(type, obj)) <= _SCALARS:
+        # Fast path for long runs of plain scalars (RNG states hold 600+ ints): they are
+        # never leaves here, and immutable values need no deep copy.
         return list(obj) if type(obj) is list else obj
     if isinstance(obj, list):
         return [map_tree(v, is_leaf, leaf_fn, other_fn, _join(path, i)) for i, v in enumerate(obj)]
@@ -58,12 +60,7 @@ def iter_leaves(obj: Any, is_leaf: Callable[[Any], bool], path: str = "") -> lis
     return found
 
 
-_SCALARS = (bool, int, float, complex, str, bytes, type(None))
-
-
-def _all_scalars(seq: list[Any] | tuple[Any, ...], is_leaf: Callable[[Any], bool]) -> bool:
-    """True for a longer sequence of immutable scalars none of which is a leaf."""
-    return len(seq) > 8 and all(type(v) in _SCALARS and not is_leaf(v) for v in seq)
+_SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
 
 
 def _join(path: str, key: Any) -> str:

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import logging
 import sys
+import types
 from typing import Any, Callable, Iterable
 
 log = logging.getLogger("autockpt")
@@ -103,7 +104,7 @@ def find_epoch_iterator(max_depth: int = 40) -> Any | None:
     returns None if the frame is not found (another trainer, a future Keras), in which case
     the callback assumes that every epoch starts a new iterator.
     """
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     depth = 0
     while frame is not None and depth < max_depth:
         if frame.f_code.co_name == "fit":

@@ -6,16 +6,16 @@ generators; ``ResumableSampler``: a shuffling sampler a resumed run continues mi
 from .rng import capture_rng, restore_rng
 from .sampler import ResumableSampler
 from .snapshot import save_tree, snapshot_tree
-from .staging import CPU_AUTO_MODE, ModeChoice, PendingCopy, TorchSnapshotter, choose_mode, torch_buffer_pool
+from .staging import ModeChoice, PendingCopy, TorchSnapshotter, choose_mode, cpu_default_mode, torch_buffer_pool
 
 __all__ = [
-    "CPU_AUTO_MODE",
     "ModeChoice",
     "PendingCopy",
     "ResumableSampler",
     "TorchSnapshotter",
     "capture_rng",
     "choose_mode",
+    "cpu_default_mode",
     "restore_rng",
     "save_tree",
     "snapshot_tree",

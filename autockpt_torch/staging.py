@@ -19,7 +19,8 @@ Modes (``Config.snapshot_mode``):
   The next optimizer step waits for A only, the writer for B. Costs one copy of those tensors
   in GPU memory for the whole run.
 - ``"auto"``: :func:`choose_mode` on the first snapshot, from the state's devices, its size,
-  free GPU memory and the CPU default measured by ``autockpt bench``; the choice is logged.
+  free GPU memory and, on CPU, :func:`cpu_default_mode` (measured with ``autockpt bench``);
+  the choice is logged.
 
 The overlap modes assume that between two optimizer steps nothing but the optimizer writes
 parameters or optimizer state (true for ordinary training; a callback that writes weights
@@ -36,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
@@ -48,11 +50,11 @@ from autockpt_core import BufferPool
 from autockpt_core.tree import map_tree
 
 __all__ = [
-    "CPU_AUTO_MODE",
     "CudaApi",
     "ModeChoice",
     "TorchSnapshotter",
     "choose_mode",
+    "cpu_default_mode",
     "numpy_pinned_pool",
     "optimizer_owned",
     "torch_buffer_pool",
@@ -60,10 +62,16 @@ __all__ = [
 
 log = logging.getLogger("autockpt")
 
-CPU_AUTO_MODE = "sync"
-"""What ``"auto"`` picks on CPU. Measured with ``autockpt bench`` on the 2-core CPU machines
-(docs/benchmarks.md): a helper-thread copy competes with the training step for the same
-cores and memory bandwidth, so overlapping did not pay there."""
+def cpu_default_mode(threads: int, cores: int | None) -> str:
+    """What ``"auto"`` picks on CPU: ``"overlap"`` when training leaves a core for the copy
+    thread (torch's intra-op ``threads`` < ``cores``), else ``"sync"``.
+
+    Measured with ``autockpt bench`` on the project's shared 2-core machines
+    (docs/benchmarks.md): with 1 training thread, overlapping halved the blocked time at
+    100 MB (16.9 vs 36.1 ms) at equal training slowdown; with 2 training threads the helper
+    thread competed with them and steps got slower (median of 3 pairs: 501 vs 340 ms).
+    """
+    return "overlap" if cores is not None and threads < cores else "sync"
 
 DEVICE_FRACTION = 0.5
 """``"auto"`` reserves GPU buffers only when they take at most this share of free GPU memory."""
@@ -85,14 +93,14 @@ def choose_mode(
     on_cuda: bool,
     deferrable_bytes: int,
     free_device_bytes: int | None,
-    cpu_auto: str = CPU_AUTO_MODE,
+    cpu_auto: str = "sync",
     device_fraction: float = DEVICE_FRACTION,
 ) -> ModeChoice:
     """The mode to use for a state (pure; see the module docstring for the modes).
 
     ``on_cuda``: some tensor of the state lives on a CUDA device. ``deferrable_bytes``: the
     bytes a GPU-side snapshot would reserve. ``free_device_bytes``: free memory of that
-    device (None if unknown).
+    device (None if unknown). ``cpu_auto``: the CPU choice (see :func:`cpu_default_mode`).
     """
     if requested not in MODES:
         raise ValueError(f"unknown snapshot mode {requested!r}; use one of {', '.join(MODES)}")
@@ -113,7 +121,7 @@ def choose_mode(
             return ModeChoice("overlap", f"device snapshot requested, but it does not fit ({room})")
         return ModeChoice("device", "requested")
     if not on_cuda:  # auto, CPU
-        return ModeChoice(cpu_auto, "auto: CPU state, measured default (docs/benchmarks.md)")
+        return ModeChoice(cpu_auto, "auto: CPU state (cpu_default_mode, docs/benchmarks.md)")
     if fits:
         return ModeChoice("device", f"auto: GPU-side snapshot fits ({room})")
     return ModeChoice("overlap", f"auto: GPU-side snapshot too large ({room}); copying to host on a stream")
@@ -252,7 +260,9 @@ class TorchSnapshotter:
     before the next optimizer step, and ``wait()`` in the writer thread. The mode is chosen
     on the first call and kept (``choice``). ``threads``: torch's intra-op thread count
     while copying on the training thread (see :func:`autockpt_torch.snapshot_tree`).
-    ``cuda`` and ``is_device`` exist for tests (a fake CUDA and CPU tensors posing as GPU ones).
+    ``cpu_auto``: the CPU choice of ``"auto"`` (default: :func:`cpu_default_mode` of torch's
+    thread count and the cores, at the first snapshot). ``cuda`` and ``is_device`` exist for
+    tests (a fake CUDA and CPU tensors posing as GPU ones).
     """
 
     def __init__(
@@ -260,7 +270,7 @@ class TorchSnapshotter:
         mode: str = "auto",
         *,
         threads: int | None = 1,
-        cpu_auto: str = CPU_AUTO_MODE,
+        cpu_auto: str | None = None,
         cuda: CudaApi | None = None,
         is_device: DeferPredicate | None = None,
     ) -> None:
@@ -342,12 +352,13 @@ class TorchSnapshotter:
 
         map_tree(state, _is_tensor, scan, other_fn=lambda x: x)
         free = self._cuda.free_bytes(device) if device is not None else None
+        cpu_auto = self.cpu_auto or cpu_default_mode(torch.get_num_threads(), os.cpu_count())
         return choose_mode(
             self.requested,
             on_cuda=device is not None,
             deferrable_bytes=deferred_bytes,
             free_device_bytes=free,
-            cpu_auto=self.cpu_auto,
+            cpu_auto=cpu_auto,
         )
 
     def _stream(self, device: torch.device) -> Any:

@@ -295,3 +295,15 @@ def test_repeated_runs_are_aggregated_by_median() -> None:
     runs = [_run("keras", "autockpt", s, stall_s=s) for s in (1.0, 3.0, 2.0)]
     agg = cli_bench._aggregate(runs)
     assert agg["mean_step_s"] == 2.0 and agg["stall_s"] == 2.0 and agg["runs"] == 3 and agg["method"] == "autockpt"
+
+
+def test_map_tree_copies_long_scalar_runs_whole() -> None:
+    import random
+
+    from autockpt_core.tree import map_tree
+
+    state = {"rng": random.getstate(), "ints": list(range(20)), "mixed": [np.zeros(2)] + list(range(10))}
+    seen: list[str] = []
+    out = map_tree(state, lambda x: isinstance(x, np.ndarray), lambda p, x: seen.append(p) or x + 1)
+    assert out["rng"] == state["rng"] and out["ints"] == state["ints"] and out["ints"] is not state["ints"]
+    assert seen == ["mixed/0"] and out["mixed"][0][0] == 1.0

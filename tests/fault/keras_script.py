@@ -2,7 +2,7 @@
 
 ``python -m tests.fault.keras_script DIRPATH OUT [--baseline] [--backend tensorflow|torch]
 [--inputs arrays|pydataset|tfdata|repeat|dataloader] [--epochs N] [--every K]
-[--steps-per-epoch S] [--val] [--async-persist 0|1] [--seed N]``
+[--steps-per-epoch S] [--steps-per-execution K] [--val] [--async-persist 0|1] [--seed N]``
 
 A small MLP with dropout and batch normalization, Adam with a per-step decaying learning
 rate, on shuffled synthetic data: 96 samples, batch 8, so 12 steps per epoch (``--inputs
@@ -21,12 +21,14 @@ The callback checkpoints every ``--every`` steps (dense, so faults land in every
 keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
 reported in ``on_train_batch_begin`` (skipped batches of a resumed epoch report the
 checkpoint's step), ``snapshot`` inside the callback's snapshot, the storage phases through
-``FaultStorage``. ``OUT`` gets every model and optimizer variable, by path.
+``FaultStorage``. ``OUT`` gets every model and optimizer variable, by path;
+``OUT.logs.json`` the epochs this process trained and their ``History`` logs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import warnings
@@ -43,6 +45,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--every", type=int, default=3)
     parser.add_argument("--steps-per-epoch", type=int, default=None)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -76,7 +79,7 @@ PLAN = FaultPlan.from_env()
 SAMPLES, BATCH, FEATURES = 96, 8, 10
 
 
-def make_model() -> Any:
+def make_model(steps_per_execution: int = 1) -> Any:
     inputs = keras.Input((8,), name="x")
     h = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
     h = keras.layers.BatchNormalization(name="bn")(h)
@@ -84,7 +87,12 @@ def make_model() -> Any:
     outputs = keras.layers.Dense(1, name="out")(h)
     model = keras.Model(inputs, outputs, name="net")
     lr = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=5, decay_rate=0.9)
-    model.compile(optimizer=keras.optimizers.Adam(lr, name="adam"), loss="mse", metrics=["mae"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(lr, name="adam"),
+        loss="mse",
+        metrics=["mae"],
+        steps_per_execution=steps_per_execution,
+    )
     return model
 
 
@@ -150,13 +158,13 @@ def _hook_snapshot() -> None:
         PLAN.hit("snapshot", step=int(meta["step"]))
         return original(arrays, meta)
 
-    callback_module.make_snapshot = make_snapshot
+    callback_module.make_snapshot = make_snapshot  # type: ignore[assignment]
 
 
 def main() -> int:
     warnings.filterwarnings("ignore", message=".*ran out of data.*")
     keras.utils.set_random_seed(ARGS.seed)
-    model = make_model()
+    model = make_model(ARGS.steps_per_execution)
     x, y = make_data()
     data, kwargs = fit_inputs(x, y)
     callbacks: list[Any] = []
@@ -174,7 +182,10 @@ def main() -> int:
         )
     callbacks.append(StepProbe())
     validation = (x[:32, :8], y[:32]) if ARGS.val else None
-    model.fit(*data, epochs=ARGS.epochs, verbose=0, callbacks=callbacks, validation_data=validation, **kwargs)
+    history = model.fit(*data, epochs=ARGS.epochs, verbose=0, callbacks=callbacks, validation_data=validation, **kwargs)
+    logs = {"epochs": list(history.epoch), "history": {k: [float(v) for v in vals] for k, vals in history.history.items()}}
+    with open(ARGS.out + ".logs.json", "w", encoding="utf-8") as f:
+        json.dump(logs, f)
     weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.variables}
     weights.update({f"optimizer/{v.path}": keras.ops.convert_to_numpy(v.value) for v in model.optimizer.variables})
     tmp = ARGS.out + ".tmp.npz"

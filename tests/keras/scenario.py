@@ -299,6 +299,33 @@ def preempt_and_continue(workdir: Path) -> dict[str, Any]:
     }
 
 
+def rng_roundtrip() -> dict[str, Any]:
+    """capture() then restore() gives the same draws from every global generator again."""
+    import random
+
+    from autockpt_keras import rng
+
+    backend = keras.backend.backend()
+    keras.random.normal((2,))  # creates Keras' global SeedGenerator
+    if backend == "tensorflow":
+        tf.random.get_global_generator().normal([2])
+
+    def draws() -> list[float]:
+        out = [random.random(), float(np.random.rand())]
+        out += [float(v) for v in keras.ops.convert_to_numpy(keras.random.normal((3,)))]
+        if backend == "tensorflow":
+            out += [float(v) for v in tf.random.get_global_generator().normal([2]).numpy()]
+        if backend == "torch":
+            out += [float(v) for v in torch.rand(2)]
+        return out
+
+    state = rng.capture(backend)
+    json.dumps(state)  # plain JSON: it goes into the safetensors header
+    first = draws()
+    rng.restore(state, backend)
+    return {"components": sorted(state), "equal": draws() == first}
+
+
 def main() -> None:
     phase, workdir = sys.argv[1], Path(sys.argv[2])
     result: dict[str, Any] = {"backend": keras.backend.backend()}
@@ -321,6 +348,7 @@ def main() -> None:
             result["keywords"] = keywords()
             result["same"] = same_training(result["run"]["digest"])
             result["usr1"] = preempt_and_continue(workdir)
+            result["rng"] = rng_roundtrip()
         elif phase == "resume":
             result["run"] = train(workdir / "run", epochs=4)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)

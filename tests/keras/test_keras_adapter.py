@@ -159,6 +159,15 @@ def test_unseeded_shuffle_warns_with_the_reason_on_tensorflow(results: dict[str,
         assert messages == []
 
 
+def test_every_global_generator_is_captured_and_restored(results: dict[str, Any]) -> None:
+    state = results["first"]["rng"]
+    assert state["equal"]
+    expected = {"python", "numpy", "keras_seed"} | (
+        {"tf_global"} if results["first"]["backend"] == "tensorflow" else {"torch"}
+    )
+    assert expected <= set(state["components"]), state["components"]
+
+
 def test_storage_failure_surfaces_in_training_thread_and_keeps_previous(results: dict[str, Any]) -> None:
     failure = results["first"]["failure"]
     assert failure["raised"] == "CheckpointWriteError"

@@ -16,6 +16,7 @@ and other seeds. No assertion depends on time.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -90,6 +91,20 @@ def check(run: harness.FaultRun, baseline: dict[str, np.ndarray], outputs: list[
         raise AssertionError(f"{exc}\n{context}") from None
 
 
+def check_last_epoch_logs(workdir: Path, context: str = "") -> None:
+    """The epoch logs (loss and metrics, restored mid-epoch) of the last epoch equal the
+    baseline's, when the final process trained that epoch."""
+    final = json.loads((workdir / "weights.npz.logs.json").read_text())
+    base = json.loads((workdir / "baseline.npz.logs.json").read_text())
+    last = base["epochs"][-1]
+    if not final["epochs"] or final["epochs"][-1] != last:
+        return  # the final process had nothing left to train
+    for key, values in base["history"].items():
+        if key.startswith("autockpt_"):
+            continue
+        assert final["history"][key][-1] == values[-1], f"{key}: {final['history'][key][-1]} != {values[-1]}\n{context}"
+
+
 def ci_plans(rng: random.Random) -> list[dict[str, Any] | str]:
     """Three SIGKILLs at randomly chosen moments, a SIGTERM and a corrupted checkpoint."""
     return [
@@ -107,20 +122,53 @@ def fault_seed() -> int:
     return int(text) if text else random.SystemRandom().randrange(1 << 30)
 
 
+class Sequence_:
+    """The CI fault sequence of one backend, run in a thread (its baseline in another)."""
+
+    def __init__(self, backend: str, workdir: Path) -> None:
+        self.backend, self.workdir = backend, workdir
+        self.seed = fault_seed()
+        self.extra = ["--backend", backend, "--inputs", "arrays", "--val"]
+        self.run: harness.FaultRun | None = None
+        self.outputs: list[str] = []
+        self.error: BaseException | None = None
+        self.baseline = Baseline(workdir, self.extra)
+        self._thread = threading.Thread(target=self._go, daemon=True)
+        self._thread.start()
+
+    def _go(self) -> None:
+        try:
+            self.run, self.outputs = faulty_sequence(self.workdir, self.extra, ci_plans(random.Random(self.seed)))
+        except BaseException as exc:  # re-raised in the test thread
+            self.error = exc
+
+    def result(self) -> tuple[harness.FaultRun, list[str], dict[str, np.ndarray]]:
+        self._thread.join()
+        if self.error is not None:
+            raise AssertionError(f"AUTOCKPT_FAULT_SEED={self.seed}: {self.error}") from self.error
+        assert self.run is not None
+        return self.run, self.outputs, self.baseline.result()
+
+
+@pytest.fixture(scope="module")
+def ci_sequences(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sequence_]:
+    """Both backends' sequences start at once: on 2 cores they overlap each other's waits."""
+    return {backend: Sequence_(backend, tmp_path_factory.mktemp(f"faults-{backend}")) for backend in BACKENDS}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_killed_run_resumes_bitwise_equal(backend: str, tmp_path: Path) -> None:
-    seed = fault_seed()
-    extra = ["--backend", backend, "--inputs", "arrays", "--val"]
-    baseline = Baseline(tmp_path, extra)
-    run, outputs = faulty_sequence(tmp_path, extra, ci_plans(random.Random(seed)))
-    context = f"AUTOCKPT_FAULT_SEED={seed}\n{run.report()}"
+def test_killed_run_resumes_bitwise_equal(backend: str, ci_sequences: dict[str, Sequence_]) -> None:
+    sequence = ci_sequences[backend]
+    run, outputs, baseline = sequence.result()
+    context = f"AUTOCKPT_FAULT_SEED={sequence.seed}\n{run.report()}"
     sigterm = run.attempts[1]
     assert sigterm.returncode == 143, context  # 128 + SIGTERM, after the commit
     assert sigterm.newest_step == 15 and "SIGTERM received; checkpoint of step 15 committed" in sigterm.output
     after_corrupt = run.attempts[2].output  # falls back to the previous checkpoint (step 12)
     assert "skipping checkpoint ckpt-step000000015" in after_corrupt, context + after_corrupt[-3000:]
     assert "resumed from" in after_corrupt and "ckpt-step000000012" in after_corrupt, context
-    check(run, baseline.result(), outputs, context)
+    check(run, baseline, outputs, context)
+    check_last_epoch_logs(sequence.workdir, context)
 
 
 # -- slow: every input type, more kills, random moments, other seeds ----------------------------------
@@ -145,6 +193,7 @@ SLOW_CASES = [
     ("tensorflow", "repeat", []),
     ("tensorflow", "arrays", ["--steps-per-epoch", "5", "--epochs", "7", "--val"]),
     ("tensorflow", "arrays", ["--async-persist", "0", "--seed", "3"]),
+    ("tensorflow", "pydataset", ["--steps-per-execution", "3", "--every", "6"]),
     ("torch", "arrays", ["--val"]),
     ("torch", "pydataset", ["--val"]),
     ("torch", "dataloader", ["--val"]),
@@ -165,3 +214,4 @@ def test_many_faults_every_input_type(backend: str, inputs: str, flags: list[str
     enospc = next(a for a in run.attempts if a.plan and a.plan.get("action") == "enospc")
     assert "CheckpointWriteError" in enospc.output and "No space left on device" in enospc.output
     check(run, baseline.result(), outputs, run.report())
+    check_last_epoch_logs(tmp_path, run.report())

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import zipfile
 from typing import Any
 
 import pytest
 import torch
 
-from autockpt_torch import TorchSnapshotter, choose_mode, save_tree, torch_buffer_pool
+from autockpt_torch import TorchSnapshotter, choose_mode, cpu_default_mode, save_tree, torch_buffer_pool
 from autockpt_torch.staging import CudaApi, PendingCopy, host_copy, optimizer_owned
 
 torch.set_num_threads(1)
@@ -47,6 +48,15 @@ def take(snapshotter: TorchSnapshotter, state: Any, pool: Any, deferrable: Any =
 def test_choose_mode(requested: str, on_cuda: bool, free: int | None, mode: str) -> None:
     choice = choose_mode(requested, on_cuda=on_cuda, deferrable_bytes=100 * MiB, free_device_bytes=free)
     assert choice.mode == mode and choice.reason
+
+
+def test_cpu_default_overlaps_only_when_training_leaves_a_core() -> None:
+    assert cpu_default_mode(threads=2, cores=2) == "sync"
+    assert cpu_default_mode(threads=1, cores=2) == "overlap"
+    assert cpu_default_mode(threads=1, cores=None) == "sync"
+    snapshotter = TorchSnapshotter("auto")  # this module runs torch with 1 thread
+    take(snapshotter, make_state(), torch_buffer_pool())
+    assert snapshotter.mode == cpu_default_mode(torch.get_num_threads(), os.cpu_count())
 
 
 def test_choose_mode_uses_the_measured_cpu_default_and_rejects_unknown_modes() -> None:

@@ -45,7 +45,7 @@ def make_state() -> dict[str, Any]:
 
 def test_public_api() -> None:
     assert set(autockpt_torch.__all__) >= {
-        "CPU_AUTO_MODE", "ModeChoice", "PendingCopy", "TorchSnapshotter", "choose_mode",
+        "ModeChoice", "PendingCopy", "TorchSnapshotter", "choose_mode", "cpu_default_mode",
         "save_tree", "snapshot_tree", "torch_buffer_pool",
     }
     public = {n for n in dir(autockpt_torch) if not n.startswith("_")}
