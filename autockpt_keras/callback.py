@@ -362,9 +362,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
-        stream = self._require_stream()
+        self._require_stream().batch_end()  # this batch was drawn, trained or not
         if self._skip_through is not None and batch <= self._skip_through:
-            stream.batch_end()
             if batch == self._skip_through:  # the interrupted run took its checkpoint here
                 self._finish_skip()
             return
@@ -385,7 +384,6 @@ class AutoCheckpoint(keras.callbacks.Callback):
             else:
                 self._save(step, decision.reason, self._mid_epoch_point(batch), epoch=self._epoch, batch=batch)
                 saved = True
-        stream.batch_end()
         if preempt:
             self._deferred = None
             self._on_preempted(step, lambda: self._mid_epoch_point(batch), self._epoch, batch, saved=saved)
@@ -457,8 +455,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._last_saved_step = info.step
         self._initial_epoch_to_put_back = (self.model._initial_epoch,)
         self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
-        if point is not None and self._backend not in ("tensorflow", "torch") and point.batches_done > 0:
-            point = None  # no exact skip on this backend: the epoch is replayed from batch 0
+        if self._backend not in ("tensorflow", "torch"):
+            point = None  # no exact resume on this backend: the epoch is replayed from batch 0
         self._resume_point = point
         if point is not None and point.problems:
             warnings.warn(
@@ -497,7 +495,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 self.model,
                 drop=point.drop,
                 epoch_iterator=self._epoch_iterator,
-                before_first_step=lambda: self._restore_rng(point.rng_step),
+                before_first_step=lambda: self._restore_step_rng(point.rng_step),
             )
             self._skipper.install()
         else:
@@ -510,10 +508,17 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._skipper.skipping = False  # the next call trains and puts the original back
         state, self._rng_after_skip = self._rng_after_skip, None
         if state is not None:
-            # A data pipeline that draws from Python's/numpy's generators in a background thread
-            # has drawn ahead by a varying number of batches: its draws are already in step.
-            threaded = self.inputs is not None and self.inputs.pipeline_thread
-            self._restore_rng(state, keep=("python", "numpy") if threaded else ())
+            self._restore_step_rng(state)
+
+    def _restore_step_rng(self, state: dict[str, Any]) -> None:
+        """The generators at the checkpoint, once the stream is back where it was then.
+
+        A data pipeline that draws from Python's and numpy's generators in a background
+        thread has drawn ahead by a varying number of batches; its draws are already in
+        sequence, so those two are left alone.
+        """
+        threaded = self.inputs is not None and self.inputs.pipeline_thread
+        self._restore_rng(state, keep=("python", "numpy") if threaded else ())
 
     def _restore_rng(self, state: dict[str, Any], keep: tuple[str, ...] = ()) -> None:
         problems = rng.restore(state, self._backend, keep=keep)

@@ -37,6 +37,7 @@ import json
 import logging
 import sys
 import types
+import weakref
 from typing import Any, Callable, Iterable
 
 log = logging.getLogger("autockpt")
@@ -179,6 +180,7 @@ class DataStream:
         self._tracked: Any = None
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_batches = 0
+        self._tf_dataset = _tf_dataset(epoch_iterator)
         if epoch_iterator is not None:
             self._hook(epoch_iterator)
 
@@ -187,6 +189,8 @@ class DataStream:
 
         def counting_get_iterator() -> Any:
             self.created += 1
+            if self._by_creation:
+                _count_tf_iterator(self._tf_dataset)
             after, self._after_next_creation = self._after_next_creation, None
             source = original()
             return source if after is None else _AfterIter(source, after)
@@ -232,6 +236,8 @@ class DataStream:
             self._undrawn = False
             self.drawn += 1
             self.index = self.created - 1 if self._by_creation else self.drawn - 1
+            if not self._by_creation:  # torch: a tf.data input's iterator is made at the first draw
+                _count_tf_iterator(self._tf_dataset)
         self._fresh = False
         self._epoch_batches += 1
         ei = self._ei
@@ -425,18 +431,41 @@ def _steps_per_execution(model: Any) -> int:
     return int(getattr(model, "steps_per_execution", 1) or 1)
 
 
+# tf.data iterators this process created per dataset object (counted by DataStream and
+# advance_dataset), so a second fit() on the same object in one process does not advance it twice.
+_TF_ITERATORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _tf_dataset(epoch_iterator: Any | None) -> Any | None:
+    if epoch_iterator is None or type(epoch_iterator.data_adapter).__name__ != "TFDatasetAdapter":
+        return None
+    return getattr(epoch_iterator.data_adapter, "_dataset", None)
+
+
+def _count_tf_iterator(dataset: Any | None) -> None:
+    if dataset is not None:
+        try:
+            _TF_ITERATORS[dataset] = _TF_ITERATORS.get(dataset, 0) + 1
+        except TypeError:  # not weak-referenceable: not counted
+            pass
+
+
 def advance_dataset(epoch_iterator: Any | None, count: int) -> int:
-    """Create and drop ``count`` iterators of a tf.data input, so its reshuffling seed stands
-    where the interrupted run's stood. Returns how many were created."""
-    if count <= 0 or epoch_iterator is None:
-        return 0
-    dataset = getattr(epoch_iterator.data_adapter, "_dataset", None)
+    """Create and drop iterators of a tf.data input until ``count`` were created in this
+    process, so its reshuffling seed stands where the interrupted run's stood. Returns how
+    many were created now."""
+    dataset = _tf_dataset(epoch_iterator)
     if dataset is None:
         return 0
-    for _ in range(count):
+    try:
+        missing = count - _TF_ITERATORS.get(dataset, 0)
+    except TypeError:
+        missing = count
+    for _ in range(max(0, missing)):
         iterator = iter(dataset)
         del iterator
-    return count
+        _count_tf_iterator(dataset)
+    return max(0, missing)
 
 
 # -- what keeps a resume from being exact ----------------------------------------------------------

@@ -326,6 +326,34 @@ def rng_roundtrip() -> dict[str, Any]:
     return {"components": sorted(state), "equal": draws() == first}
 
 
+def input_checks() -> dict[str, Any]:
+    """What the input inspection reports for reproducible and non-reproducible pipelines."""
+    from autockpt_keras.resume import inspect_inputs, tf_dataset_problems, torch_loader_problems
+
+    out: dict[str, Any] = {"no_iterator": list(inspect_inputs(None, keras.backend.backend()).problems)}
+    if keras.backend.backend() == "tensorflow":
+        tf.random.set_seed(None)
+        base = tf.data.Dataset.range(16)
+        cases = {
+            "seeded": base.shuffle(16, seed=1).map(lambda v: v + tf.cast(tf.random.uniform([], seed=2) > 2, tf.int64)),
+            "unseeded_shuffle": base.shuffle(16),
+            "unseeded_op": base.map(lambda v: v + tf.cast(tf.random.uniform([]) > 2, tf.int64)),
+            "nondeterministic": base.map(lambda v: v, num_parallel_calls=2, deterministic=False),
+            "generator": base.map(lambda v: v + tf.cast(tf.random.get_global_generator().uniform([]) > 2, tf.int64)),
+        }
+        for name, ds in cases.items():
+            problems, reshuffles = tf_dataset_problems(ds.batch(4))
+            out[name] = {"problems": problems, "reshuffles": reshuffles}
+    else:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data_set = TensorDataset(torch.zeros(8, 2))
+        out["global_generator"] = torch_loader_problems(DataLoader(data_set, batch_size=2, shuffle=True))
+        own = DataLoader(data_set, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0))
+        out["own_generator"] = torch_loader_problems(own)
+    return out
+
+
 def main() -> None:
     phase, workdir = sys.argv[1], Path(sys.argv[2])
     result: dict[str, Any] = {"backend": keras.backend.backend()}
@@ -349,6 +377,7 @@ def main() -> None:
             result["same"] = same_training(result["run"]["digest"])
             result["usr1"] = preempt_and_continue(workdir)
             result["rng"] = rng_roundtrip()
+            result["inputs"] = input_checks()
         elif phase == "resume":
             result["run"] = train(workdir / "run", epochs=4)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)

@@ -168,6 +168,20 @@ def test_every_global_generator_is_captured_and_restored(results: dict[str, Any]
     assert expected <= set(state["components"]), state["components"]
 
 
+def test_input_inspection_names_what_is_not_reproducible(results: dict[str, Any]) -> None:
+    checks = results["first"]["inputs"]
+    assert any("could not find fit()'s data iterator" in p for p in checks["no_iterator"])
+    if results["first"]["backend"] == "tensorflow":
+        assert checks["seeded"] == {"problems": [], "reshuffles": True}
+        assert any("unseeded ShuffleDataset" in p for p in checks["unseeded_shuffle"]["problems"])
+        assert any("unseeded RandomUniform" in p for p in checks["unseeded_op"]["problems"])
+        assert any("deterministic=False" in p for p in checks["nondeterministic"]["problems"])
+        assert any("tf.random.Generator" in p for p in checks["generator"]["problems"])
+    else:
+        assert checks["global_generator"] == []
+        assert any("own generator" in p for p in checks["own_generator"])
+
+
 def test_storage_failure_surfaces_in_training_thread_and_keeps_previous(results: dict[str, Any]) -> None:
     failure = results["first"]["failure"]
     assert failure["raised"] == "CheckpointWriteError"

@@ -190,6 +190,7 @@ SLOW_CASES = [
     ("tensorflow", "arrays", ["--val"]),
     ("tensorflow", "pydataset", ["--val"]),
     ("tensorflow", "tfdata", ["--val"]),
+    ("tensorflow", "tfdata", ["--every", "5", "--async-persist", "0"]),  # checkpoints at an epoch's first batch
     ("tensorflow", "repeat", []),
     ("tensorflow", "arrays", ["--steps-per-epoch", "5", "--epochs", "7", "--val"]),
     ("tensorflow", "arrays", ["--async-persist", "0", "--seed", "3"]),
