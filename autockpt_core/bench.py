@@ -138,6 +138,31 @@ def step_times(marks: dict[int, float], warm: int, every: int) -> dict[str, Any]
     }
 
 
+def stall_figures(
+    hooks: list[tuple[float, float]], marks: dict[int, float], warm: int, every: int
+) -> dict[str, Any]:
+    """Per-checkpoint stall from the method's timed hook calls ``(start, seconds)``.
+
+    Hook time is summed per checkpoint interval (the windows of :func:`step_times`, each
+    holding one checkpoint). ``stall_s``: the median interval (steady state);
+    ``stall_first_s``: the first (it includes allocating the reusable buffers where the
+    method allocates them at its first checkpoint); ``stall_mean_s``: the mean.
+    """
+    bounds = [marks[warm + k * every] for k in range(len(marks)) if warm + k * every in marks]
+    per_interval = [
+        sum(sec for start, sec in hooks if lo <= start < hi) for lo, hi in zip(bounds, bounds[1:])
+    ]
+    if not per_interval:
+        return {"stall_s": None, "stall_first_s": None, "stall_mean_s": None, "checkpoints": 0}
+    return {
+        "stall_s": statistics.median(per_interval),
+        "stall_first_s": per_interval[0],
+        "stall_mean_s": statistics.mean(per_interval),
+        "stall_max_s": max(per_interval),
+        "checkpoints": len(per_interval),
+    }
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the worker's result line (the last thing a worker prints)."""
     result.setdefault("peak_rss_bytes", peak_rss_bytes())

@@ -204,6 +204,7 @@ def summarize(results: dict[str, Any]) -> None:
                 row: dict[str, Any] = {"framework": framework, "method": r["method"], "state_bytes": state,
                                        "copy_mode": r.get("copy_mode"), "fsync": r.get("fsync", True)}
                 row["stall_ms"] = r["stall_s"] * 1e3
+                row["stall_first_ms"] = r["stall_first_s"] * 1e3 if r.get("stall_first_s") is not None else None
                 row["stall_floor"] = r["stall_s"] / (state / memcpy_rate) if memcpy_rate else None
                 if r.get("persist_s") and r.get("file_bytes"):
                     row["persist_gbps"] = r["file_bytes"] / r["persist_s"] / 1e9
@@ -256,7 +257,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
     """(headers, rows) of the training table and of the isolated table, as strings."""
-    train_head = ["size", "framework", "method", "stall ms", "stall ÷ memcpy", "persist GB/s", "persist ÷ raw",
+    train_head = ["size", "framework", "method", "stall ms (median / first)", "stall ÷ memcpy", "persist GB/s", "persist ÷ raw",
                   "extra host mem ÷ state", "step ms (median)", "slowdown", "slowdown ÷ ModelCheckpoint's"]
     train: list[list[str]] = []
     iso_head = ["size", "memcpy GB/s", "raw write+fsync GB/s", "autockpt copy ms (÷ memcpy)",
@@ -271,7 +272,9 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
                 label = f"no checkpoints (baseline; noise {row['baseline_noise'] * 100:.0f}%)"
             persist = _fmt(row.get("persist_gbps"), ".2f") + ("" if row.get("fsync", True) else " (no fsync)")
             train.append([
-                size, row["framework"], label, _fmt(row.get("stall_ms"), ".1f"), _fmt(row.get("stall_floor"), ".2f"),
+                size, row["framework"], label,
+                f"{_fmt(row.get('stall_ms'), '.1f')} / {_fmt(row.get('stall_first_ms'), '.0f')}" if "stall_ms" in row else "-",
+                _fmt(row.get("stall_floor"), ".2f"),
                 persist, _fmt(row.get("persist_raw"), ".2f"), _fmt(row.get("mem_ratio"), ".2f"),
                 _fmt(row.get("step_ms"), ".1f"), _fmt(row.get("slowdown") * 100 if row.get("slowdown") is not None else None, "+.0f") + "%",
                 _fmt(row.get("slowdown_vs_modelcheckpoint"), ".2f"),

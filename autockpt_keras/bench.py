@@ -1,7 +1,7 @@
 """Keras worker of ``autockpt bench``: one configuration per process (see autockpt_core.bench).
 
 ``python -m autockpt_keras.bench train --method M --bytes N --dir D [--every K] [--checkpoints C]``
-    fits a square MLP with Adam whose training state is ~N bytes for ``C·K + 1`` steps with a
+    fits a square MLP with Adam whose training state is ~N bytes for ``(C + 1)·K - 1`` steps with a
     checkpoint every K steps (M: ``none``, ``autockpt``, ``modelcheckpoint`` = Keras'
     ``ModelCheckpoint(save_weights_only=True)`` writing ``.weights.h5``: weights only, no
     optimizer state, no fsync) and reports the stall per checkpoint (time in the method's
@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from autockpt_core.bench import emit, mlp_layout, step_times
+from autockpt_core.bench import emit, mlp_layout, stall_figures, step_times
 
 METHODS = ("none", "autockpt", "modelcheckpoint")
 BATCH = 16
@@ -32,7 +32,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     from autockpt_keras import AutoCheckpoint
 
     width, layers = mlp_layout(state_bytes)
-    total_steps = checkpoints * every + 1
+    total_steps = checkpoints * every + every - 1  # C windows of `every` steps after warm-up, one checkpoint each
     warm = every - 1
     keras.utils.set_random_seed(0)
     inputs = keras.Input(shape=(width,))
@@ -98,12 +98,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         "warmup": warm, **step_times(marks, warm, every),
     }
     if tracked is not None:
-        since = marks.get(warm)
-        window = [sec for start, sec in hooks if since is None or start >= since]
-        result.update(
-            hook_s_total=sum(window), checkpoints=checkpoints, stall_s=sum(window) / checkpoints,
-            stall_max_s=max(window, default=None),
-        )
+        result.update(stall_figures(hooks, marks, warm, every))
     if method == "autockpt":
         session = tracked.session
         records = session.records()

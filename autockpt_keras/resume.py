@@ -9,10 +9,11 @@ random ops) in step with the uninterrupted run; it costs the data loading of tho
 
 For the skipped batches to be the same batches, the resumed epoch's data must come in the
 same order. Keras draws that order when the epoch's iterator is created, from a global
-generator (numpy inputs: torch's on the torch backend, an op-seeded ``tf.random.shuffle``
-on TensorFlow; ``PyDataset``: Python's ``random``; torch ``DataLoader``: torch's). So the
-generators are captured when each *stream* (one data iterator) starts and restored at the
-same point of the resumed run, before that iterator is created. A stream is one epoch unless
+generator (array inputs: torch's on the torch backend; ``PyDataset``: Python's ``random``;
+torch ``DataLoader``: torch's) or from an op-seeded ``tf.random.shuffle`` (array inputs on
+TensorFlow: the same order in every process once a global seed is set). So the generators
+are captured when each *stream* (one data iterator) starts and restored at the same point of
+the resumed run, before that iterator is created. A stream is one epoch unless
 ``steps_per_epoch`` makes epochs share one iterator (a repeated dataset, or
 ``steps_per_epoch`` smaller than the data); :class:`DataStream` follows that, so the position
 is "stream k, batch p" and the skip also covers batches of earlier epochs of the same stream.
@@ -25,6 +26,11 @@ stream whose iterator was the k-th therefore first creates and drops k iterators
 :func:`inspect_inputs` says, per input type and backend, what keeps a resume from being exact
 (an unseeded shuffle, a nondeterministic tf.data pipeline, a DataLoader with its own
 generator); the callback warns with those reasons.
+
+Keras internals used (checked against Keras 3.15's TensorFlow and torch trainers): the local
+``epoch_iterator`` of ``fit()`` (:func:`find_epoch_iterator`), its ``_get_iterator``,
+``_current_iterator`` and ``_steps_seen``, and ``model.train_function``, which ``fit()`` looks
+up at every batch. Without the epoch iterator, every epoch is assumed to start a new stream.
 
 Everything here runs on the training thread, inside ``fit()``'s hooks and its
 ``train_function`` calls.

@@ -1,7 +1,7 @@
 """Lightning worker of ``autockpt bench``: one configuration per process (see autockpt_core.bench).
 
 ``python -m autockpt_lightning.bench train --method M --bytes N --dir D [--every K] [--checkpoints C]``
-    trains a square MLP with Adam whose training state is ~N bytes for ``C·K + 1`` steps with
+    trains a square MLP with Adam whose training state is ~N bytes for ``(C + 1)·K - 1`` steps with
     a checkpoint every K steps (M: ``none``, ``autockpt`` (snapshot_mode "sync"),
     ``autockpt-overlap``, ``modelcheckpoint``, ``async`` = ModelCheckpoint with
     AsyncCheckpointIO) and reports per-checkpoint stall, persist time, file size, the mean
@@ -12,8 +12,8 @@
     ``torch.save`` + fsync, and Lightning's ``TorchCheckpointIO`` (no fsync).
 
 Stall = time spent in the method's hooks (``on_train_batch_end``, and for autockpt
-``on_before_optimizer_step``, where an overlapping copy is waited for), summed over the
-measured steps, per checkpoint.
+``on_before_optimizer_step``, where an overlapping copy is waited for), summed per
+checkpoint interval (see ``autockpt_core.bench.stall_figures``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from autockpt_core import LocalStorage
-from autockpt_core.bench import emit, mlp_layout, step_times, timed
+from autockpt_core.bench import emit, mlp_layout, stall_figures, step_times, timed
 
 METHODS = ("none", "autockpt", "autockpt-overlap", "modelcheckpoint", "async")
 BATCH = 16
@@ -52,15 +52,6 @@ def hook_timer(obj: Any, names: tuple[str, ...], log: list[tuple[float, float]])
         setattr(obj, name, timed_hook)
 
 
-def stall_figures(hooks: list[tuple[float, float]], since: float | None, checkpoints: int) -> dict[str, Any]:
-    """Hook time after ``since`` (the warm-up mark), per checkpoint, and the longest call."""
-    window = [sec for start, sec in hooks if since is None or start >= since]
-    return {
-        "hook_s_total": sum(window),
-        "checkpoints": checkpoints,
-        "stall_s": sum(window) / checkpoints,
-        "stall_max_s": max(window, default=None),
-    }
 
 
 def _timed_method(obj: Any, name: str, log: list[float]) -> None:
@@ -86,7 +77,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     from autockpt_lightning import AutoCheckpoint
 
     width, layers = mlp_layout(state_bytes)
-    total_steps = checkpoints * every + 1
+    total_steps = checkpoints * every + every - 1  # C windows of `every` steps after warm-up, one checkpoint each
     warm = every - 1  # marks from here on: each checkpoint's stall falls in a measured step
 
     class Net(pl.LightningModule):
@@ -162,7 +153,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         **step_times(marks, warm, every),
     }
     if tracked is not None:
-        result.update(stall_figures(hooks, marks.get(warm), checkpoints))
+        result.update(stall_figures(hooks, marks, warm, every))
     if method.startswith("autockpt"):
         session = tracked.session
         est = session.estimates()

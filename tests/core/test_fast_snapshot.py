@@ -307,3 +307,11 @@ def test_map_tree_copies_long_scalar_runs_whole() -> None:
     out = map_tree(state, lambda x: isinstance(x, np.ndarray), lambda p, x: seen.append(p) or x + 1)
     assert out["rng"] == state["rng"] and out["ints"] == state["ints"] and out["ints"] is not state["ints"]
     assert seen == ["mixed/0"] and out["mixed"][0][0] == 1.0
+
+
+def test_stall_is_summed_per_checkpoint_interval() -> None:
+    marks = {s: float(s) for s in range(4, 25)}
+    hooks = [(3.5, 9.0), (10.1, 0.5), (11.2, 0.1), (20.1, 0.2), (21.0, 0.1)]  # first: before warm-up ends
+    out = bench.stall_figures(hooks, marks, warm=4, every=10)
+    assert out["checkpoints"] == 2
+    assert out["stall_first_s"] == pytest.approx(0.6) and out["stall_s"] == pytest.approx(0.45)
