@@ -272,3 +272,34 @@ def _check_bool(field: str, value: Any) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.lower() in ("true", "yes", "1")
     raise ConfigError(field, value, "must be true or false", f"pass {field}=True or {field}=False")
+
+
+#: Every field's default, for adapters whose constructors mirror the Config fields as keywords.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING
+}
+
+
+def config_from_keywords(
+    dirpath: str | os.PathLike[str] | None, config: Config | None, keywords: Mapping[str, Any]
+) -> Config:
+    """The Config an adapter's ``AutoCheckpoint(dirpath, config=..., **keywords)`` asks for.
+
+    Without ``config``: ``Config(dirpath, **keywords)``. With it: ``config`` with the keywords
+    that differ from their defaults (and ``dirpath``, if given) applied on top. Keywords that
+    are not Config fields are ignored (adapters pass only their mirrored fields).
+    """
+    values = {k: v for k, v in keywords.items() if k in CONFIG_DEFAULTS}
+    if config is None:
+        if dirpath is None:
+            raise ConfigError("dirpath", None, "is required", "pass AutoCheckpoint(dirpath='ckpts') or config=Config(...)")
+        return Config(dirpath=os.fspath(dirpath), **values)
+    if not isinstance(config, Config):
+        raise ConfigError(
+            "config", config, "is not an autockpt Config",
+            "pass autockpt_core.Config(...) or use AutoCheckpoint.from_config(path)",
+        )
+    changed = {k: v for k, v in values.items() if v != CONFIG_DEFAULTS[k]}
+    if dirpath is not None:
+        changed["dirpath"] = os.fspath(dirpath)
+    return config.replace(**changed) if changed else config

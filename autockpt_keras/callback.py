@@ -65,13 +65,13 @@ import keras
 from autockpt_core import (
     CheckpointSession,
     Config,
-    ConfigError,
     Preempted,
     PreemptionHandler,
     ResumeNotExactWarning,
     RunSummary,
     Storage,
 )
+from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords
 from autockpt_core.preemption import exit_code
 
 from . import rng
@@ -104,9 +104,7 @@ LOG_KEYS = {
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 
 # Config's defaults, so the signature shows the real values without restating them.
-_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING
-}
+_DEFAULTS = CONFIG_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +244,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             "on_preempt": on_preempt,
             "snapshot_mode": snapshot_mode,
         }
-        self.config: Config = _build_config(dirpath, config, {k: v for k, v in values.items() if k in _DEFAULTS})
+        self.config: Config = config_from_keywords(dirpath, config, values)
         self.save_on_train_end = bool(save_on_train_end)
         self.session: CheckpointSession | None = None
         self.events: list[CheckpointEvent] = []
@@ -717,25 +715,3 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if self._stream is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
         return self._stream
-
-
-def _build_config(dirpath: str | os.PathLike[str] | None, config: Config | None, values: dict[str, Any]) -> Config:
-    """A validated Config: from the keywords, or ``config`` with the keywords that differ from
-    their defaults (and ``dirpath``, if given) applied on top."""
-    if config is None:
-        if dirpath is None:
-            raise ConfigError(
-                "dirpath", None, "is required", "pass AutoCheckpoint(dirpath='ckpts') or config=Config(...)"
-            )
-        return Config(dirpath=os.fspath(dirpath), **values)
-    if not isinstance(config, Config):
-        raise ConfigError(
-            "config",
-            config,
-            "is not an autockpt Config",
-            "pass autockpt_core.Config(...) or use AutoCheckpoint.from_config(path)",
-        )
-    changed = {k: v for k, v in values.items() if v != _DEFAULTS[k]}
-    if dirpath is not None:
-        changed["dirpath"] = os.fspath(dirpath)
-    return config.replace(**changed) if changed else config

@@ -75,7 +75,6 @@ from autockpt_core import (
     BufferPool,
     CheckpointSession,
     Config,
-    ConfigError,
     Decision,
     Preempted,
     PreemptionHandler,
@@ -85,6 +84,7 @@ from autockpt_core import (
     find_latest_valid,
     storage_for,
 )
+from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords
 from autockpt_core.preemption import exit_code
 from autockpt_torch import TorchSnapshotter, save_tree, torch_buffer_pool
 from autockpt_torch.staging import optimizer_owned
@@ -100,9 +100,7 @@ SUFFIX = ".ckpt"
 
 # Config's defaults, so the signature below shows (and jsonargparse sees) the real values
 # without restating them here.
-_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING
-}
+_DEFAULTS = CONFIG_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,20 +198,7 @@ class AutoCheckpoint(Callback):
             "on_preempt": on_preempt,
             "snapshot_mode": snapshot_mode,
         }
-        values = {k: v for k, v in values.items() if k in _DEFAULTS}
-        if config is None:
-            if dirpath is None:
-                raise ConfigError(
-                    "dirpath", None, "is required", "pass AutoCheckpoint(dirpath='ckpts') or config=Config(...)"
-                )
-            self.config = Config(dirpath=os.fspath(dirpath), **values)
-        else:
-            if not isinstance(config, Config):
-                raise TypeError(f"config must be an autockpt_core.Config, got {type(config).__name__}")
-            changed = {k: v for k, v in values.items() if v != _DEFAULTS[k]}
-            if dirpath is not None:
-                changed["dirpath"] = os.fspath(dirpath)
-            self.config = config.replace(**changed) if changed else config
+        self.config = config_from_keywords(dirpath, config, values)
         self._storage = storage
         self._session: CheckpointSession | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
