@@ -225,25 +225,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         storage: Storage | None = None,
     ) -> None:
         super().__init__()
-        values: dict[str, Any] = {
-            "overhead_budget": overhead_budget,
-            "mtbf": mtbf,
-            "every_n_steps": every_n_steps,
-            "min_interval": min_interval,
-            "max_interval": max_interval,
-            "keep_last": keep_last,
-            "warmup_steps": warmup_steps,
-            "profile_window": profile_window,
-            "async_persist": async_persist,
-            "resume": resume,
-            "schedule": schedule,
-            "adaptive": adaptive,
-            "verbose": verbose,
-            "total_steps": total_steps,
-            "signals": signals,
-            "on_preempt": on_preempt,
-            "snapshot_mode": snapshot_mode,
-        }
+        # The mirrored Config keywords, by name (the signature lists them for IDEs and LightningCLI).
+        values = {name: value for name, value in locals().items() if name in CONFIG_DEFAULTS}
         self.config: Config = config_from_keywords(dirpath, config, values)
         self.save_on_train_end = bool(save_on_train_end)
         self.session: CheckpointSession | None = None
