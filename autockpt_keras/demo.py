@@ -24,6 +24,7 @@ from .checkpoint_file import latest_checkpoint, load_checkpoint
 
 
 def build_model(width: int, features: int) -> Any:
+    keras.utils.set_random_seed(0)  # seeded shuffling: a rerun after a kill resumes exactly
     model = keras.Sequential(
         [
             keras.Input((features,), name="x"),

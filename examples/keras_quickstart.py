@@ -20,6 +20,7 @@ parser.add_argument("--dirpath", default="ckpts-keras-quickstart")
 parser.add_argument("--epochs", type=int, default=3, help="epochs to add in this run")
 args = parser.parse_args()
 
+keras.utils.set_random_seed(0)  # seeded shuffling: a rerun after a kill resumes exactly
 rng = np.random.default_rng(0)
 x = rng.normal(size=(4096, 32)).astype("float32")
 y = (np.sin(x[:, :1]) + 0.5 * x[:, 1:2] ** 2).astype("float32")
