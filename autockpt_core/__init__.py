@@ -1,29 +1,50 @@
-"""autockpt core: framework-free policy, profiler, buffers, writer and storage.
+"""autockpt core: framework-free policy, persistence and command line.
 
-Imports no torch, tensorflow, keras or lightning. The adapters (``autockpt_lightning``,
+Three parts, one folder each (dependencies point one way: ``cli`` -> engine -> ``policy`` /
+``persist``):
+
+- ``policy/``: where a decision is made (profiler, intervals, adjusters, simulator); pure.
+- ``persist/``: where bytes are written (buffers, tensor files, checksums, storage, manifest,
+  the background writer).
+- ``cli/``: where a command lives (``autockpt plan|simulate|inspect|bench|demo``).
+
+At the top: the engine that ties them (:mod:`.session`, :mod:`.summary`), and what every part
+may use: :mod:`.config`, :mod:`.units`, :mod:`.errors`, :mod:`.preemption`, :mod:`.rng`.
+Imports no torch, tensorflow, keras, lightning or jax. The adapters (``autockpt_lightning``,
 ``autockpt_keras``) drive a :class:`CheckpointSession`.
 """
 
-from .buffers import BufferPool
 from .config import Config
 from .errors import AutockptError, CheckpointWriteError, ConfigError, CorruptCheckpointError, ResumeNotExactWarning
-from .intervals import (
+from .persist import (
+    MANIFEST_NAME,
+    BufferPool,
+    CheckpointRecord,
+    CheckpointWriter,
+    FsspecStorage,
+    LocalStorage,
+    PersistJob,
+    Storage,
+    WriteResult,
+    find_latest_valid,
+    read_manifest,
+    read_tensor_file,
+    storage_for,
+    verify,
+    write_tensor_file,
+)
+from .policy import CheckpointPolicy, Decision, Estimates, IntervalChoice, Profiler, choose_interval
+from .policy.intervals import (
     budget_interval_steps,
     daly_interval,
     persist_interval_steps,
     seconds_to_steps,
     young_interval,
 )
-from .manifest import MANIFEST_NAME, CheckpointRecord, find_latest_valid, read_manifest, verify
 from .preemption import Preempted, PreemptionHandler
-from .policy import CheckpointPolicy, Decision, IntervalChoice, choose_interval
-from .profiler import Estimates, Profiler
 from .session import CheckpointSession, PendingCopy, Snapshot, checkpoint_name
-from .storage import FsspecStorage, LocalStorage, Storage, WriteResult, storage_for
 from .summary import RunSummary
-from .tensorfile import read_tensor_file, write_tensor_file
 from .units import parse_duration, parse_fraction, parse_size
-from .writer import CheckpointWriter, PersistJob
 
 __version__ = "0.1.0"
 

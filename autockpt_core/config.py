@@ -13,10 +13,10 @@ import dataclasses
 import difflib
 import math
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
+import tomllib
 import yaml
 
 from .errors import ConfigError

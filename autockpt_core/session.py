@@ -31,15 +31,20 @@ import logging
 import time
 from typing import IO, Any, Callable, Protocol
 
-from .adjusters import adjusters_from_config
-from .buffers import BufferPool
 from .config import Config
-from .manifest import CheckpointRecord, find_latest_valid, read_manifest
-from .policy import AdjusterSpec, CheckpointPolicy, Decision
-from .profiler import Estimates, Profiler
-from .storage import Storage, storage_for
+from .persist import (
+    BufferPool,
+    CheckpointRecord,
+    CheckpointWriter,
+    PersistJob,
+    Storage,
+    find_latest_valid,
+    read_manifest,
+    storage_for,
+)
+from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
+from .policy.adjusters import adjusters_from_config
 from .summary import RunSummary
-from .writer import CheckpointWriter, PersistJob
 
 log = logging.getLogger("autockpt")
 

@@ -34,7 +34,7 @@ from autockpt_core import (
     storage_for,
     write_tensor_file,
 )
-from autockpt_core.storage import Storage
+from autockpt_core.persist.storage import Storage
 
 from .resume import ResumePoint
 

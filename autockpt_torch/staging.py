@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from autockpt_core import BufferPool
-from autockpt_core.tree import map_tree
+from autockpt_core.persist.tree import map_tree
 
 __all__ = [
     "CudaApi",

@@ -29,12 +29,12 @@ from rich.console import Console
 from rich.table import Table
 
 from autockpt_core import Config, Estimates, choose_interval, daly_interval, young_interval
-from autockpt_core.adaptive import AdaptiveTuner
-from autockpt_core.adjusters import adjusters_from_config
-from autockpt_core.dryrun import Scenario, constant, dry_run, switch
-from autockpt_core.frontload import MAX_STRETCH, ValueModel, equal_count_steps, schedule_steps
-from autockpt_core.losscurve import LossCurve, fit_loss_curve
-from autockpt_core.simulate import Failures, Job, best_uniform_interval, simulate, uniform_positions
+from autockpt_core.policy.adaptive import AdaptiveTuner
+from autockpt_core.policy.adjusters import adjusters_from_config
+from autockpt_core.policy.dryrun import Scenario, constant, dry_run, switch
+from autockpt_core.policy.frontload import MAX_STRETCH, ValueModel, equal_count_steps, schedule_steps
+from autockpt_core.policy.losscurve import LossCurve, fit_loss_curve
+from autockpt_core.policy.simulate import Failures, Job, best_uniform_interval, simulate, uniform_positions
 
 HOUR, MIN = 3600.0, 60.0
 console = Console(width=150)

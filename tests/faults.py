@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from typing import IO, Callable
 
-from autockpt_core.storage import LocalStorage, WriteResult
+from autockpt_core.persist.storage import LocalStorage, WriteResult
 
 
 class _FailingFile:

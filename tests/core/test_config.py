@@ -97,3 +97,10 @@ def test_frozen_and_replace_revalidates() -> None:
         cfg.replace(keep_last=0)
     assert cfg.replace(keep_last=5).keep_last == 5
     assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+def test_config_snapshot_mode() -> None:
+    assert Config(dirpath="x").snapshot_mode == "auto"
+    assert Config(dirpath="x", snapshot_mode="overlap").snapshot_mode == "overlap"
+    with pytest.raises(ConfigError, match="snapshot_mode"):
+        Config(dirpath="x", snapshot_mode="fast")

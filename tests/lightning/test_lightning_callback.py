@@ -17,7 +17,7 @@ from lightning.pytorch.loggers.logger import Logger
 
 import autockpt_lightning
 from autockpt_core import CheckpointWriteError, Config, ConfigError, LocalStorage, WriteResult, read_manifest
-from autockpt_core.storage import storage_for
+from autockpt_core.persist.storage import storage_for
 from autockpt_lightning import AutoCheckpoint, latest_checkpoint
 from tests.faults import FailingStorage
 from tests.lightning.lightning_helpers import Recorder, TinyData, TinyModel, make_trainer

@@ -1,0 +1,62 @@
+"""``autockpt inspect DIR``: the checkpoints in a directory, newest last, with checksum status."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from ..persist.manifest import MANIFEST_NAME, read_manifest, verify
+from ..persist.storage import storage_for
+from ..units import format_size
+
+HELP = "list the checkpoints in a directory with step, time, size and checksum status"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dirpath", help="checkpoint directory (or URL)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--no-verify", action="store_true", help="skip reading files to verify checksums")
+
+
+def run(args: argparse.Namespace) -> int:
+    storage = storage_for(args.dirpath)
+    if not storage.exists(MANIFEST_NAME):
+        raise ValueError(f"no autockpt manifest ({MANIFEST_NAME}) in {storage.location}")
+    records = read_manifest(storage)
+    rows = []
+    for r in records:
+        status = "unchecked" if args.no_verify else (verify(storage, r) or "ok")
+        rows.append(
+            {
+                "name": r.name,
+                "step": r.step,
+                "epoch": r.epoch,
+                "created": dt.datetime.fromtimestamp(r.created).isoformat(timespec="seconds"),
+                "size": r.size,
+                "checksum": f"{r.algorithm}:{r.checksum}",
+                "status": status,
+                "framework": r.framework,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0 if all(row["status"] in ("ok", "unchecked") for row in rows) else 1
+    table = Table(title=f"autockpt checkpoints in {storage.location}")
+    for col in ("step", "epoch", "created", "size", "checksum", "status", "name"):
+        table.add_column(col, justify="right" if col in ("step", "epoch", "size") else "left")
+    for row in rows:
+        table.add_row(
+            str(row["step"]),
+            "" if row["epoch"] is None else str(row["epoch"]),
+            str(row["created"]),
+            format_size(int(row["size"])),  # type: ignore[arg-type]
+            str(row["checksum"]),
+            str(row["status"]),
+            str(row["name"]),
+        )
+    Console(width=160).print(table)
+    return 0 if all(row["status"] in ("ok", "unchecked") for row in rows) else 1

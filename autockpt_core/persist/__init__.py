@@ -1,0 +1,36 @@
+"""Where bytes are written: buffers, tensor files, checksums, storage, manifest, the writer.
+
+- :mod:`.buffers`: reusable host buffers the snapshot copies into (phase 1).
+- :mod:`.tree`: walking nested state and replacing tensor leaves (used by the adapters' copy).
+- :mod:`.tensorfile`: streaming safetensors files; :mod:`.checksum`: CRC-32 while writing.
+- :mod:`.storage`: one interface for local directories and fsspec URLs (atomic writes).
+- :mod:`.manifest`: the list of committed checkpoints, verified on load.
+- :mod:`.writer`: phase 2, the background persist: write, commit, then retention.
+
+Imports only ``autockpt_core``'s base modules (errors, units); never the policy, the engine or
+the command line.
+"""
+
+from .buffers import BufferPool
+from .manifest import MANIFEST_NAME, CheckpointRecord, find_latest_valid, read_manifest, verify
+from .storage import FsspecStorage, LocalStorage, Storage, WriteResult, storage_for
+from .tensorfile import read_tensor_file, write_tensor_file
+from .writer import CheckpointWriter, PersistJob
+
+__all__ = [
+    "MANIFEST_NAME",
+    "BufferPool",
+    "CheckpointRecord",
+    "CheckpointWriter",
+    "FsspecStorage",
+    "LocalStorage",
+    "PersistJob",
+    "Storage",
+    "WriteResult",
+    "find_latest_valid",
+    "read_manifest",
+    "read_tensor_file",
+    "storage_for",
+    "verify",
+    "write_tensor_file",
+]

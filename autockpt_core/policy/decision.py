@@ -1,0 +1,259 @@
+"""When to checkpoint: the interval choice and the per-step decision.
+
+``choose_interval`` is a pure function of the config and the profiler's estimates.
+``CheckpointPolicy`` adds the little state a decision needs (the last checkpoint's step and
+time); it never reads a clock itself: the caller passes ``now``.
+
+Call order (training thread): ``start(now, step)`` once; ``decide(step, now, estimates,
+persist_busy, loss=...)`` after every optimizer step; when it says save and the checkpoint was
+taken, ``record_checkpoint(step, now)``.
+
+Extension point: interval adjusters. Each is a callable taking the base ``IntervalChoice``, the
+estimates and the seconds since training started, returning a new ``IntervalChoice``; they run
+in order, each on the previous one's output. Adjusters that subclass :class:`Adjuster` are also
+told about the start, every step (with its loss) and every checkpoint. The front-loaded
+schedule (``frontload.py``) and adaptive re-tuning (``adaptive.py``) plug in here;
+``adjusters.adjusters_from_config`` builds them from the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Mapping, Sequence, Union
+
+from ..config import Config
+from .intervals import (
+    budget_interval_steps,
+    daly_interval,
+    persist_interval_steps,
+    seconds_to_steps,
+    young_interval,
+)
+from .profiler import Estimates
+
+#: Clean iterations (after warm-up) to measure before the first, profiling checkpoint.
+MIN_PROFILE_ITERATIONS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalChoice:
+    """An interval and why it was chosen.
+
+    ``candidates`` maps each rule considered ("budget", "persist", "young", "daly",
+    "min_interval", "max_interval", ...) to the interval in steps it asked for; ``rule`` names
+    the one that decided (adjusters prefix theirs: "adaptive:budget", "front_loaded:daly").
+    ``cost_s`` is the training time one checkpoint was taken to cost; ``note`` is a free-text
+    reason from an adjuster (e.g. why the front-loaded schedule fell back to uniform).
+    """
+
+    steps: int
+    seconds: float
+    rule: str
+    candidates: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    cost_s: float | None = None
+    note: str = ""
+
+    def explain(self) -> str:
+        parts = ", ".join(f"{k}={v}" for k, v in self.candidates.items())
+        text = f"{self.steps} steps (~{self.seconds:.3g}s) set by {self.rule} [{parts}]"
+        if self.cost_s is not None:
+            text += f"; cost {self.cost_s:.3g}s per checkpoint"
+        if self.note:
+            text += f"; {self.note}"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Answer to "checkpoint now?" with the reason and the interval in force."""
+
+    save: bool
+    reason: str
+    interval: IntervalChoice | None = None
+
+
+IntervalAdjuster = Callable[[IntervalChoice, Estimates, float], IntervalChoice]
+
+
+class Adjuster:
+    """Base class of stateful interval adjusters; every hook is optional (no-op here).
+
+    Call order (training thread, driven by :class:`CheckpointPolicy`): ``observe_start`` when
+    training starts or resumes; ``observe_step`` after every optimizer step, before
+    ``adjust``; ``adjust`` whenever the policy needs the interval (once profiling is done);
+    ``observe_checkpoint`` after each checkpoint was taken. Not thread-safe by design: only the
+    training thread calls it.
+    """
+
+    def observe_start(self, step: int, now: float) -> None:
+        """Training starts (or resumes) at ``step``; windows measured before are void."""
+
+    def observe_step(self, step: int, now: float, persist_busy: bool, loss: float | None) -> None:
+        """Optimizer step ``step`` ended at ``now``; ``loss`` is its training loss if known."""
+
+    def observe_checkpoint(self, step: int, now: float) -> None:
+        """A checkpoint after ``step`` finished its stall at ``now``."""
+
+    def adjust(self, choice: IntervalChoice, est: Estimates, elapsed_s: float) -> IntervalChoice:
+        """Return the interval to use instead of ``choice`` (default: ``choice`` unchanged)."""
+        return choice
+
+    def __call__(self, choice: IntervalChoice, est: Estimates, elapsed_s: float) -> IntervalChoice:
+        return self.adjust(choice, est, elapsed_s)
+
+
+AdjusterSpec = Union[IntervalAdjuster, Sequence[IntervalAdjuster], None]
+
+
+def choose_interval(config: Config, est: Estimates, cost_s: float | None = None) -> IntervalChoice:
+    """The interval for the current estimates (requires ``est.ready`` unless every_n_steps is set).
+
+    Rules: the budget bound (cost / (k·t) ≤ budget) and the persist bound (no new checkpoint
+    before the previous persist finished) give the densest allowed interval. With an MTBF, the
+    Daly optimum is used, but never denser than those bounds. ``min_interval``/``max_interval``
+    clamp the result; an explicit ``max_interval`` wins over the budget.
+
+    ``cost_s`` is the training time one checkpoint costs; by default the estimates' stall plus
+    the background slowdown measured while persisting (``Estimates.checkpoint_cost_s``). The
+    adaptive tuner passes the cost it measured over recent checkpoint windows instead.
+    """
+    if config.every_n_steps is not None:
+        steps = config.every_n_steps
+        seconds = steps * (est.iter_time_s or 0.0)
+        return IntervalChoice(steps, seconds, "every_n_steps", {"every_n_steps": steps})
+    if not est.ready:
+        raise ValueError("choose_interval needs measured iteration time, stall and persist time")
+    t = float(est.iter_time_s)  # type: ignore[arg-type]
+    stall = float(est.stall_s)  # type: ignore[arg-type]
+    persist = float(est.persist_s)  # type: ignore[arg-type]
+    cost = float(cost_s) if cost_s is not None else float(est.checkpoint_cost_s)  # type: ignore[arg-type]
+    t = max(t, 1e-9)
+    candidates: dict[str, int] = {
+        "budget": budget_interval_steps(cost, t, config.overhead_budget),
+        "persist": persist_interval_steps(persist, stall, t),
+    }
+    rule = max(("budget", "persist"), key=lambda r: candidates[r])
+    steps = candidates[rule]
+    if config.mtbf is not None:
+        daly_cost = max(cost, 1e-6)
+        candidates["young"] = seconds_to_steps(young_interval(daly_cost, config.mtbf), t)
+        candidates["daly"] = seconds_to_steps(daly_interval(daly_cost, config.mtbf), t)
+        if candidates["daly"] > steps:
+            rule, steps = "daly", candidates["daly"]
+    if config.min_interval is not None:
+        candidates["min_interval"] = max(1, math.ceil(config.min_interval / t))
+        if candidates["min_interval"] > steps:
+            rule, steps = "min_interval", candidates["min_interval"]
+    if config.max_interval is not None:
+        candidates["max_interval"] = max(1, math.floor(config.max_interval / t))
+        if candidates["max_interval"] < steps:
+            rule, steps = "max_interval", candidates["max_interval"]
+    return IntervalChoice(steps, steps * t, rule, candidates, cost_s=cost)
+
+
+def _as_list(spec: AdjusterSpec) -> list[IntervalAdjuster]:
+    if spec is None:
+        return []
+    if callable(spec):
+        return [spec]
+    return list(spec)
+
+
+class CheckpointPolicy:
+    """Answers "checkpoint now?" from explicit inputs.
+
+    Phases: while the profiler is still in warm-up nothing is saved; then one profiling
+    checkpoint measures stall and persist time; from then on the interval from
+    :func:`choose_interval`, passed through the adjusters in order, is used. A due checkpoint
+    is deferred, not blocked on, while the previous persist is still running (except with
+    ``every_n_steps``, where the user asked for exact steps).
+    """
+
+    def __init__(self, config: Config, interval_adjuster: AdjusterSpec = None) -> None:
+        self.config = config
+        self.adjusters: list[IntervalAdjuster] = _as_list(interval_adjuster)
+        self._start: float | None = None
+        self._last_step: int | None = None
+        self._last_time: float | None = None
+        self.current: IntervalChoice | None = None
+        self.deferred = 0
+
+    def _observers(self) -> list[Adjuster]:
+        return [a for a in self.adjusters if isinstance(a, Adjuster)]
+
+    def start(self, now: float, step: int = 0) -> None:
+        """Mark the start of training (or of the resumed run) at ``step``."""
+        self._start = now
+        self._last_time = now
+        self._last_step = step
+        for adj in self._observers():
+            adj.observe_start(step, now)
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        return self._last_step
+
+    def decide(
+        self, step: int, now: float, est: Estimates, persist_busy: bool, loss: float | None = None
+    ) -> Decision:
+        """Whether to checkpoint after optimizer step ``step`` (the global step count)."""
+        if self._start is None:
+            self.start(now, step)
+        for adj in self._observers():
+            adj.observe_step(step, now, persist_busy, loss)
+        cfg = self.config
+        if cfg.every_n_steps is not None:
+            self.current = choose_interval(cfg, est)
+            if step > 0 and step % cfg.every_n_steps == 0 and step != self._last_step:
+                return Decision(True, f"every_n_steps={cfg.every_n_steps}", self.current)
+            return Decision(False, "fixed interval not reached", self.current)
+
+        since_time = now - (self._last_time if self._last_time is not None else now)
+        since_steps = step - (self._last_step if self._last_step is not None else step)
+        if since_steps <= 0:
+            return Decision(False, "no new step since the last checkpoint", self.current)
+        if cfg.max_interval is not None and since_time >= cfg.max_interval:
+            return self._due(persist_busy, f"max_interval={cfg.max_interval:g}s elapsed")
+        if not est.ready:
+            clean = est.iterations_seen - cfg.warmup_steps
+            if est.checkpoints_seen == 0 and est.iter_time_s is not None and clean >= MIN_PROFILE_ITERATIONS:
+                return self._due(persist_busy, "profiling: first checkpoint measures stall and persist")
+            if est.checkpoints_seen > 0 and est.iter_time_s is None:
+                return Decision(False, "re-profiling: measuring clean iterations", self.current)
+            return Decision(False, "profiling", None)
+
+        choice = self.interval(est, now)
+        if cfg.min_interval is not None and since_time < cfg.min_interval:
+            return Decision(False, "min_interval not reached", choice)
+        if since_steps >= choice.steps:
+            return self._due(persist_busy, f"interval {choice.steps} steps reached ({choice.rule})")
+        return Decision(False, "interval not reached", choice)
+
+    def interval(self, est: Estimates, now: float) -> IntervalChoice:
+        """The interval in force now: :func:`choose_interval` passed through the adjusters."""
+        choice = choose_interval(self.config, est)
+        elapsed = now - (self._start if self._start is not None else now)
+        for adj in self.adjusters:
+            choice = adj(choice, est, elapsed)
+        self.current = choice
+        return choice
+
+    def _due(self, persist_busy: bool, reason: str) -> Decision:
+        if persist_busy:
+            self.deferred += 1
+            return Decision(False, f"{reason}; deferred: previous persist still running", self.current)
+        return Decision(True, reason, self.current)
+
+    def record_checkpoint(self, step: int, now: float) -> None:
+        """Tell the policy a checkpoint was taken after ``step`` at time ``now``."""
+        self._last_step = step
+        self._last_time = now
+        for adj in self._observers():
+            adj.observe_checkpoint(step, now)
+
+    def explain(self) -> str:
+        """One line: the interval in force and why (or that profiling is still running)."""
+        if self.current is None:
+            return "no interval yet: profiling iteration time, stall and persist time"
+        return self.current.explain()

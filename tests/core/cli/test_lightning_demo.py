@@ -1,0 +1,33 @@
+"""The Lightning demo worker (``autockpt demo`` runs it): a short run prints measured values and
+the decisions; the old ``python -m autockpt_lightning.demo`` entry point is the same program."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from autockpt_core.cli.workers import lightning_demo as demo  # noqa: E402
+from autockpt_lightning import latest_checkpoint  # noqa: E402
+from autockpt_lightning import demo as old_entry_point  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.integration
+def test_demo_prints_decisions_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--dirpath", str(tmp_path / "d"), "--budget", "50%", "--steps", "60", "--hidden", "32", "--layers", "1"]
+    assert demo.main(args) == 0
+    out = capsys.readouterr().out
+    assert "profiling: first checkpoint measures stall and persist" in out
+    assert "measured: iteration" in out and "autockpt: " in out
+    assert latest_checkpoint(tmp_path / "d") is not None
+
+    assert demo.main([*args[:-4], "--steps", "70", "--hidden", "32", "--layers", "1"]) == 0  # rerun resumes
+    assert "resumed from step" in capsys.readouterr().out
+
+
+def test_the_old_entry_point_runs_the_same_demo() -> None:
+    assert old_entry_point.main is demo.main

@@ -1,0 +1,139 @@
+"""Adaptive re-tuning on a fake clock: drift in iteration time, stall or background slowdown.
+
+Acceptance: after the drift the interval adapts within a few checkpoints, the measured overhead
+returns under the budget, and the interval does not oscillate. No real sleeping anywhere.
+"""
+
+import numpy as np
+import pytest
+
+from autockpt_core import CheckpointSession, Config, Snapshot
+from autockpt_core.policy.adaptive import AdaptiveTuner
+from autockpt_core.policy.adjusters import adjusters_from_config
+from autockpt_core.policy.dryrun import Scenario, constant, dry_run, switch
+from autockpt_core.policy.frontload import FrontLoadedSchedule
+from autockpt_core.persist.storage import LocalStorage
+
+MID, STEPS, BUDGET = 4000, 9000, 0.02
+CFG = Config(dirpath="x", overhead_budget=BUDGET)
+
+SCENARIOS = [
+    # id, scenario, how the interval (in steps) must move after step MID
+    ("iteration time doubles", Scenario(iter_time=switch(MID, 0.1, 0.2), stall=constant(0.05)), "shorter"),
+    (
+        "iterations overlapping checkpoint work double",
+        Scenario(iter_time=constant(0.1), persist=constant(1.0), slowdown=switch(MID, 0.0, 1.0)),
+        "longer",
+    ),
+    ("stall doubles", Scenario(stall=switch(MID, 0.05, 0.1)), "longer"),
+    ("stall halves", Scenario(stall=switch(MID, 0.1, 0.05)), "shorter"),
+]
+
+
+def monotone(values: list[int], direction: str) -> bool:
+    pairs = list(zip(values, values[1:]))
+    return all(b <= a for a, b in pairs) if direction == "shorter" else all(b >= a for a, b in pairs)
+
+
+@pytest.mark.parametrize(("scenario", "direction"), [s[1:] for s in SCENARIOS], ids=[s[0] for s in SCENARIOS])
+def test_interval_adapts_within_a_few_checkpoints_without_oscillating(scenario, direction) -> None:
+    tuner = AdaptiveTuner(CFG)
+    trace = dry_run(CFG, scenario, STEPS, [tuner])
+    ckpts = [c for c in trace.checkpoints if c.interval_steps is not None]
+    first_after = next(i for i, c in enumerate(ckpts) if c.step > MID)
+    before = ckpts[first_after - 1].interval_steps
+    after = [c.interval_steps for c in ckpts[first_after:]]
+    settled = after[-1]
+    assert (settled < before) if direction == "shorter" else (settled > before)
+    assert all(s == settled for s in after[4:]), after[:8]  # adapted within 4 checkpoints
+    assert monotone(after, direction)  # no back and forth
+    assert len({c.direction for c in tuner.changes if c.step > MID}) <= 1
+    assert trace.overhead(ckpts[first_after + 4].step, STEPS) <= BUDGET  # overhead back under budget
+    assert trace.overhead(ckpts[first_after + 4].step, STEPS) >= 0.5 * BUDGET  # ...and not wasted
+
+
+def test_without_tuning_the_background_slowdown_stays_over_budget_longer() -> None:
+    scenario = SCENARIOS[1][1]
+    tuned = dry_run(CFG, scenario, STEPS, [AdaptiveTuner(CFG)])
+    plain = dry_run(CFG, scenario, STEPS, [])
+    window = (MID + 300, MID + 2000)
+    assert tuned.overhead(*window) <= BUDGET < plain.overhead(*window)
+    change = tuned.policy.current
+    assert change is not None and change.rule == "adaptive:budget"
+    assert "overhead" in change.note and "measured cost" in change.explain()
+
+
+def test_jittery_iterations_do_not_make_it_oscillate() -> None:
+    jitter = np.clip(1 + 0.2 * np.random.default_rng(0).standard_normal(20_001), 0.2, None)
+    scenario = Scenario(iter_time=lambda k: 0.1 * jitter[k], persist=constant(0.5), slowdown=constant(0.3))
+    tuner = AdaptiveTuner(CFG)
+    trace = dry_run(CFG, scenario, 20_000, [tuner])
+    assert len(tuner.changes) <= 2
+    assert [c.direction for c in tuner.changes].count("shorten") <= 1
+    assert trace.overhead(2000, 20_000) <= BUDGET
+
+
+def test_with_an_mtbf_it_shortens_only_toward_daly() -> None:
+    cfg = Config(dirpath="x", overhead_budget=0.05, mtbf=600)
+    scenario = Scenario(iter_time=constant(0.1), stall=switch(3000, 0.5, 0.05), persist=constant(0.2))
+    tuner = AdaptiveTuner(cfg)
+    trace = dry_run(cfg, scenario, 8000, [tuner])
+    final = trace.policy.current
+    assert final is not None and final.rule == "adaptive:daly"
+    assert final.steps == final.candidates["daly"] > final.candidates["budget"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_session_adapts_when_iteration_time_doubles(tmp_path) -> None:
+    """Drive a real CheckpointSession (sync persist, fake snapshot) on an injected clock."""
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), overhead_budget=BUDGET, warmup_steps=3, async_persist=False, keep_last=1)
+    storage = LocalStorage(tmp_path, fsync=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".bin", clock=clock, storage=storage)
+    assert [type(a) for a in session.policy.adjusters] == [AdaptiveTuner]
+
+    def snapshot(pool):
+        clock.t += 0.01  # the copy blocks training for 10 ms
+        return Snapshot(write=lambda f: f.write(b"x"), nbytes=1)
+
+    session.start(0)
+    ends, ideal, saves = [0.0], [0.0], []
+    for step in range(1, 3001):
+        t = 0.1 if step <= 1500 else 0.2
+        clock.t += t
+        decision = session.step_end(step, loss=1.0)
+        if decision.save:
+            session.save(step, 0, snapshot)
+            saves.append((step, decision.interval.steps if decision.interval else None))
+        ends.append(clock.t)
+        ideal.append(t)
+    session.finish()
+    after = [k for s, k in saves if s > 1500]
+    assert saves[-1][1] < [k for s, k in saves if s <= 1500][-1]  # fewer steps at twice the step time
+    assert all(k == after[-1] for k in after[4:]) and monotone(after, "shorter")
+    start = [s for s, _ in saves if s > 1500][4]
+    overhead = (ends[3000] - ends[start]) / sum(ideal[start + 1 :]) - 1
+    assert overhead <= BUDGET
+
+
+def test_config_builds_the_adjusters_in_order() -> None:
+    assert adjusters_from_config(Config(dirpath="x", adaptive=False)) == []
+    both = adjusters_from_config(Config(dirpath="x", mtbf="6h", schedule="front_loaded", total_steps=1000))
+    assert [type(a) for a in both] == [AdaptiveTuner, FrontLoadedSchedule]
+    assert both[1].total_steps == 1000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"target": 0.0}, "target"), ({"shorten_ratio": 1.0}, "shorten_ratio"), ({"settle": 0}, "settle")],
+)
+def test_tuner_rejects_bad_settings(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        AdaptiveTuner(CFG, **kwargs)

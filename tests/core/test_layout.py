@@ -1,0 +1,109 @@
+"""The tree shows the design: which part of ``autockpt_core`` may import which, and no framework.
+
+Parts: ``policy`` (decisions) and ``persist`` (bytes) import only the base modules; the engine
+(``session``, ``summary``) imports those two; ``cli`` may import everything and nothing imports
+it. Checked on the source (every ``import`` statement, including those inside functions), and
+by importing every module in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autockpt_core
+
+ROOT = Path(autockpt_core.__file__).parent
+BASE = {"autockpt_core.config", "autockpt_core.units", "autockpt_core.errors", "autockpt_core.preemption", "autockpt_core.rng"}
+FRAMEWORKS = ("torch", "tensorflow", "keras", "lightning", "jax")
+# Worker processes of the commands: started with ``python -m``, never imported in-process.
+FRAMEWORK_WORKERS = ("autockpt_core.cli.workers.lightning_", "autockpt_core.cli.workers.keras_")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Absolute names of every module ``name`` imports (relative imports resolved)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in MODULES)
+    return found
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("policy", "persist", "cli"):
+        return parts[1]
+    if module in BASE:
+        return "base"
+    if module == "autockpt_core":
+        return "api"
+    return "engine"
+
+
+# part -> parts of autockpt_core it may import
+ALLOWED = {
+    "base": {"base"},
+    "policy": {"base", "policy"},
+    "persist": {"base", "persist"},
+    "engine": {"base", "policy", "persist", "engine"},
+    "api": {"base", "policy", "persist", "engine"},
+    "cli": {"base", "policy", "persist", "engine", "api", "cli"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_one_way(module: str) -> None:
+    part = _part(module)
+    inside = {m for m in _imports(module, MODULES[module]) if m == "autockpt_core" or m.startswith("autockpt_core.")}
+    wrong = sorted(m for m in inside if _part(m) not in ALLOWED[part])
+    assert not wrong, f"{module} ({part}) imports {wrong}; {part} may import only {sorted(ALLOWED[part])}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith(FRAMEWORK_WORKERS)))
+def test_no_framework_in_the_source(module: str) -> None:
+    used = {m.split(".")[0] for m in _imports(module, MODULES[module])}
+    assert not used & set(FRAMEWORKS) | {"autockpt_torch", "autockpt_lightning", "autockpt_keras"} & used
+
+
+def test_every_module_imports_without_a_framework() -> None:
+    names = sorted(m for m in MODULES if not m.startswith(FRAMEWORK_WORKERS) and not m.endswith("__main__"))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}: importlib.import_module(name)\n"
+        f"print(','.join(m for m in {FRAMEWORKS!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_the_three_parts_are_packages() -> None:
+    packages = {info.name for info in pkgutil.iter_modules([str(ROOT)]) if info.ispkg}
+    assert packages == {"policy", "persist", "cli"}
