@@ -41,7 +41,7 @@ from .policy.intervals import (
     seconds_to_steps,
     young_interval,
 )
-from .preemption import Preempted, PreemptionHandler
+from .preemption import Preempted, PreemptionHandler, PreemptionRecord
 from .session import CheckpointSession, PendingCopy, Snapshot, checkpoint_name
 from .summary import RunSummary
 from .units import parse_duration, parse_fraction, parse_size
@@ -69,6 +69,7 @@ __all__ = [
     "PersistJob",
     "Preempted",
     "PreemptionHandler",
+    "PreemptionRecord",
     "Profiler",
     "ResumeNotExactWarning",
     "RunSummary",

@@ -35,6 +35,7 @@ be called there; ``install`` on another thread installs nothing, logs why and re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -112,6 +113,15 @@ class Preempted(SystemExit):
     @property
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name
+
+
+@dataclasses.dataclass(frozen=True)
+class PreemptionRecord:
+    """The emergency checkpoint an adapter took after a signal: its step, the signal and the file."""
+
+    step: int
+    signal: str
+    path: str | None
 
 
 class PreemptionHandler:

@@ -34,7 +34,7 @@ from autockpt_core import (
     storage_for,
     write_tensor_file,
 )
-from autockpt_core.persist.storage import Storage
+from autockpt_core.persist import Storage, location_of
 
 from .resume import ResumePoint
 
@@ -169,7 +169,7 @@ def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
     storage, record = latest_record(dirpath)
     if record is None:
         return None
-    return storage.local_path(record.name) or f"{storage.location.rstrip('/')}/{record.name}"
+    return location_of(storage, record.name)
 
 
 def load_checkpoint(source: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], CheckpointInfo]:

@@ -13,7 +13,7 @@ the command line.
 
 from .buffers import BufferPool
 from .manifest import MANIFEST_NAME, CheckpointRecord, find_latest_valid, read_manifest, verify
-from .storage import FsspecStorage, LocalStorage, Storage, WriteResult, storage_for
+from .storage import FsspecStorage, LocalStorage, Storage, WriteResult, location_of, storage_for
 from .tensorfile import read_tensor_file, write_tensor_file
 from .writer import CheckpointWriter, PersistJob
 
@@ -28,6 +28,7 @@ __all__ = [
     "Storage",
     "WriteResult",
     "find_latest_valid",
+    "location_of",
     "read_manifest",
     "read_tensor_file",
     "storage_for",

@@ -261,6 +261,12 @@ class _EarlyWriteback:
         return self._fd
 
 
+def location_of(storage: Storage, name: str) -> str:
+    """A path (local storage) or URL (fsspec storage) for ``name``: what a framework loads from."""
+    path = storage.local_path(name)
+    return path if path is not None else f"{storage.location.rstrip('/')}/{name}"
+
+
 def storage_for(location: str | os.PathLike[str]) -> Storage:
     """LocalStorage for paths and ``file://`` URLs, FsspecStorage for other URLs."""
     text = os.fspath(location)

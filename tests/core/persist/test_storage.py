@@ -4,7 +4,7 @@ import os
 import pytest
 
 from autockpt_core.persist.checksum import checksum_stream
-from autockpt_core.persist.storage import TEMP_PREFIX, FsspecStorage, LocalStorage, storage_for
+from autockpt_core.persist.storage import TEMP_PREFIX, FsspecStorage, LocalStorage, location_of, storage_for
 from tests.faults import FailingStorage
 
 
@@ -58,3 +58,8 @@ def test_fsspec_memory_storage_round_trip() -> None:
     s.delete("x.bin")
     assert not s.exists("x.bin")
     assert s.local_path("x.bin") is None
+
+
+def test_location_of_is_a_path_locally_and_a_url_elsewhere(tmp_path) -> None:
+    assert location_of(LocalStorage(tmp_path), "a.ckpt") == str(tmp_path / "a.ckpt")
+    assert location_of(storage_for("memory://bucket/run/"), "a.ckpt") == "memory://bucket/run/a.ckpt"
