@@ -3,10 +3,13 @@ overlapped with the next step (CPU helper thread, CUDA stream or GPU-side copy),
 torch.save of the copies; ``rng``: capture/restore of the Python, numpy, torch and CUDA
 generators; ``ResumableSampler``: a shuffling sampler a resumed run continues mid-epoch."""
 
+from .host_buffers import torch_buffer_pool
+from .modes import ModeChoice, choose_mode, cpu_default_mode
+from .pending import PendingCopy
 from .rng import capture_rng, restore_rng
 from .sampler import ResumableSampler
 from .snapshot import save_tree, snapshot_tree
-from .staging import ModeChoice, PendingCopy, TorchSnapshotter, choose_mode, cpu_default_mode, torch_buffer_pool
+from .staging import TorchSnapshotter
 
 __all__ = [
     "ModeChoice",

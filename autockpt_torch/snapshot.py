@@ -27,7 +27,8 @@ import torch
 
 from autockpt_core import BufferPool
 
-from .staging import TorchSnapshotter, torch_buffer_pool
+from .host_buffers import torch_buffer_pool
+from .staging import TorchSnapshotter
 
 __all__ = ["save_tree", "snapshot_tree", "torch_buffer_pool"]
 

@@ -35,218 +35,24 @@ with a recording fake to check the order of stream waits, copies and events.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import threading
 from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
-import numpy as np
 import torch
 
 from autockpt_core import BufferPool
 from autockpt_core.persist.tree import map_tree
 
-__all__ = [
-    "CudaApi",
-    "ModeChoice",
-    "TorchSnapshotter",
-    "choose_mode",
-    "cpu_default_mode",
-    "numpy_pinned_pool",
-    "optimizer_owned",
-    "torch_buffer_pool",
-]
+from .cuda_api import CudaApi, record_on_stream
+from .host_buffers import host_copy, tensor_nbytes
+from .modes import MODES, ModeChoice, choose_mode, cpu_default_mode
+from .pending import PendingCopy
+
+__all__ = ["DeferPredicate", "TorchSnapshotter", "optimizer_owned"]
 
 log = logging.getLogger("autockpt")
-
-def cpu_default_mode(threads: int, cores: int | None) -> str:
-    """What ``"auto"`` picks on CPU: ``"overlap"`` when training leaves a core for the copy
-    thread (torch's intra-op ``threads`` < ``cores``), else ``"sync"``.
-
-    Measured with ``autockpt bench`` on the project's shared 2-core machines
-    (docs/benchmarks.md): with 1 training thread, overlapping halved the blocked time at
-    100 MB (16.9 vs 36.1 ms) at equal training slowdown; with 2 training threads the helper
-    thread competed with them and steps got slower (median of 3 pairs: 501 vs 340 ms).
-    """
-    return "overlap" if cores is not None and threads < cores else "sync"
-
-DEVICE_FRACTION = 0.5
-"""``"auto"`` reserves GPU buffers only when they take at most this share of free GPU memory."""
-
-MODES = ("auto", "sync", "overlap", "device")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModeChoice:
-    """The copy mode in use and why it was chosen (logged once)."""
-
-    mode: str
-    reason: str
-
-
-def choose_mode(
-    requested: str,
-    *,
-    on_cuda: bool,
-    deferrable_bytes: int,
-    free_device_bytes: int | None,
-    cpu_auto: str = "sync",
-    device_fraction: float = DEVICE_FRACTION,
-) -> ModeChoice:
-    """The mode to use for a state (pure; see the module docstring for the modes).
-
-    ``on_cuda``: some tensor of the state lives on a CUDA device. ``deferrable_bytes``: the
-    bytes a GPU-side snapshot would reserve. ``free_device_bytes``: free memory of that
-    device (None if unknown). ``cpu_auto``: the CPU choice (see :func:`cpu_default_mode`).
-    """
-    if requested not in MODES:
-        raise ValueError(f"unknown snapshot mode {requested!r}; use one of {', '.join(MODES)}")
-    if requested == "sync":
-        return ModeChoice("sync", "requested")
-    fits = free_device_bytes is not None and deferrable_bytes <= device_fraction * free_device_bytes
-    room = (
-        f"{deferrable_bytes / 2**20:.0f} MiB of {free_device_bytes / 2**20:.0f} MiB free"
-        if free_device_bytes is not None
-        else "free GPU memory unknown"
-    )
-    if requested == "overlap":
-        return ModeChoice("overlap", "requested")
-    if requested == "device":
-        if not on_cuda:
-            return ModeChoice("overlap", "device snapshot requested, but no tensor is on a GPU")
-        if free_device_bytes is not None and deferrable_bytes > free_device_bytes:
-            return ModeChoice("overlap", f"device snapshot requested, but it does not fit ({room})")
-        return ModeChoice("device", "requested")
-    if not on_cuda:  # auto, CPU
-        return ModeChoice(cpu_auto, "auto: CPU state (cpu_default_mode, docs/benchmarks.md)")
-    if fits:
-        return ModeChoice("device", f"auto: GPU-side snapshot fits ({room})")
-    return ModeChoice("overlap", f"auto: GPU-side snapshot too large ({room}); copying to host on a stream")
-
-
-class CudaApi:
-    """The few CUDA calls the snapshotter makes; tests pass a recording fake."""
-
-    def current_stream(self, device: torch.device) -> Any:
-        return torch.cuda.current_stream(device)
-
-    def new_stream(self, device: torch.device) -> Any:
-        return torch.cuda.Stream(device)
-
-    def new_event(self) -> Any:
-        return torch.cuda.Event()
-
-    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
-        return torch.cuda.stream(stream)
-
-    def free_bytes(self, device: torch.device) -> int | None:
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
-        except Exception:  # e.g. a device without the query: "unknown", auto stays on host
-            return None
-
-
-def torch_buffer_pool(pin_memory: bool | None = None) -> BufferPool[torch.Tensor]:
-    """A :class:`BufferPool` of CPU torch tensors (pinned when CUDA is available)."""
-    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-
-    def allocate(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
-
-    return BufferPool(allocate=allocate, nbytes=_tensor_nbytes)
-
-
-def numpy_pinned_pool() -> BufferPool[np.ndarray]:
-    """A :class:`BufferPool` of numpy arrays in pinned (page-locked) host memory.
-
-    For numpy-based snapshots of CUDA tensors (Keras on the torch backend): device-to-host
-    copies into pinned memory run at full bus speed and can be asynchronous. Each array keeps
-    its torch allocation alive (``Tensor.numpy()`` sets the tensor as the array's base).
-    """
-
-    def allocate(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        raw = torch.empty(count * dtype.itemsize, dtype=torch.uint8, pin_memory=True)
-        return raw.numpy().view(dtype).reshape(shape)
-
-    return BufferPool(allocate=allocate, nbytes=lambda a: int(a.nbytes))
-
-
-def _tensor_nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy CPU ``src`` into the CPU buffer ``dst`` (same shape and dtype) in this thread.
-
-    Contiguous tensors are copied as bytes through numpy, which releases the GIL and uses one
-    thread, so a helper thread can run it next to training (torch's ``copy_`` would split a
-    large copy over the intra-op threads the training step uses). Others use ``copy_``.
-    """
-    if dst.numel() == 0:
-        return
-    if src.is_contiguous() and not (src.is_conj() or src.is_neg()):
-        out = dst.reshape(-1).view(torch.uint8).numpy()
-        np.copyto(out, src.reshape(-1).view(torch.uint8).numpy())
-    else:
-        dst.copy_(src)
-
-
-class PendingCopy:
-    """The part of a snapshot still being copied; see :class:`autockpt_core.PendingCopy`.
-
-    Holds a CPU helper thread, CUDA events, or both. ``before_update`` (training thread) joins
-    the thread and makes the current CUDA stream wait for ``update_event``; ``wait`` (writer
-    thread) joins the thread, re-raises its error, and waits on the host for ``done_event``.
-    """
-
-    def __init__(
-        self,
-        thread_items: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
-        *,
-        update_event: Any = None,
-        done_event: Any = None,
-        device: torch.device | None = None,
-        cuda: CudaApi | None = None,
-    ) -> None:
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if thread_items:
-            self._thread = threading.Thread(
-                target=self._copy, args=(list(thread_items),), name="autockpt-snapshot-copy", daemon=True
-            )
-            self._thread.start()
-        self._update_event = update_event
-        self._done_event = done_event
-        self._device = device
-        self._cuda = cuda
-
-    def _copy(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        try:
-            for dst, src in items:
-                host_copy(dst, src)
-        except BaseException as exc:  # re-raised by wait() in the writer thread
-            self._error = exc
-
-    def before_update(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self._update_event is not None and self._cuda is not None and self._device is not None:
-            self._cuda.current_stream(self._device).wait_event(self._update_event)
-            self._update_event = None  # one wait orders every later kernel after the copy
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            if self._error is not None:
-                raise RuntimeError("autockpt: the snapshot copy failed") from self._error
-        if self._done_event is not None:
-            self._done_event.synchronize()
-
 
 DeferPredicate = Callable[[torch.Tensor], bool]
 
@@ -317,7 +123,7 @@ class TorchSnapshotter:
         def place(path: str, tensor: torch.Tensor) -> torch.Tensor:
             nonlocal total
             src = tensor.detach()
-            total += _tensor_nbytes(src)
+            total += tensor_nbytes(src)
             if src.layout != torch.strided or src.is_quantized:
                 return src.to("cpu", copy=True)
             key: Hashable = path
@@ -347,7 +153,7 @@ class TorchSnapshotter:
             if self._is_device(tensor):
                 device = device or tensor.device
                 if deferrable is None or deferrable(tensor):
-                    deferred_bytes += _tensor_nbytes(tensor)
+                    deferred_bytes += tensor_nbytes(tensor)
             return tensor
 
         map_tree(state, _is_tensor, scan, other_fn=lambda x: x)
@@ -407,7 +213,7 @@ class TorchSnapshotter:
         update_event = done_event = None
         with cuda.use_stream(stream):
             for dst, src in now:
-                _record(src, stream)
+                record_on_stream(src, stream)
                 dst.copy_(src, non_blocking=True)
             now_event = cuda.new_event()
             now_event.record(stream)
@@ -427,7 +233,7 @@ class TorchSnapshotter:
                         dst.copy_(reserved, non_blocking=True)
                 else:
                     for _key, dst, src in later:
-                        _record(src, stream)
+                        record_on_stream(src, stream)
                         dst.copy_(src, non_blocking=True)
                 done_event = cuda.new_event()
                 done_event.record(stream)
@@ -442,18 +248,12 @@ class TorchSnapshotter:
             def allocate(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
                 return torch.empty(shape, dtype=dtype, device=device)
 
-            self._device_pool = BufferPool(allocate=allocate, nbytes=_tensor_nbytes)
+            self._device_pool = BufferPool(allocate=allocate, nbytes=tensor_nbytes)
         return self._device_pool
 
 
 def _is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
-
-
-def _record(src: torch.Tensor, stream: Any) -> None:
-    """Tell the caching allocator ``src`` is in use on ``stream`` (real CUDA tensors only)."""
-    if src.is_cuda:
-        src.record_stream(stream)
 
 
 @contextlib.contextmanager

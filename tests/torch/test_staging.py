@@ -1,20 +1,20 @@
-"""autockpt_torch/staging.py: copy modes, their consistency rule, and (with a fake CUDA) the
+"""autockpt_torch/staging.py and pending.py: the snapshot copy in each mode, its consistency rule, and (with a fake CUDA) the
 order of stream waits, copies and events. No GPU here: the CUDA path is checked only through
 the fake."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
-import zipfile
 from typing import Any
 
 import pytest
 import torch
 
-from autockpt_torch import TorchSnapshotter, choose_mode, cpu_default_mode, save_tree, torch_buffer_pool
-from autockpt_torch.staging import CudaApi, PendingCopy, host_copy, optimizer_owned
+from autockpt_torch import TorchSnapshotter, cpu_default_mode, torch_buffer_pool
+from autockpt_torch.cuda_api import CudaApi
+from autockpt_torch.pending import PendingCopy
+from autockpt_torch.staging import optimizer_owned
 
 torch.set_num_threads(1)
 MiB = 2**20
@@ -31,23 +31,12 @@ def take(snapshotter: TorchSnapshotter, state: Any, pool: Any, deferrable: Any =
 # -- mode choice (pure) -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("requested", "on_cuda", "free", "mode"),
-    [
-        ("auto", False, None, "sync"),
-        ("auto", True, 1000 * MiB, "device"),  # 100 MiB reserved of 1000 free
-        ("auto", True, 150 * MiB, "overlap"),  # would take over half of what is free
-        ("auto", True, None, "overlap"),
-        ("sync", True, 1000 * MiB, "sync"),
-        ("overlap", False, None, "overlap"),
-        ("device", False, None, "overlap"),
-        ("device", True, 50 * MiB, "overlap"),
-        ("device", True, 150 * MiB, "device"),
-    ],
-)
-def test_choose_mode(requested: str, on_cuda: bool, free: int | None, mode: str) -> None:
-    choice = choose_mode(requested, on_cuda=on_cuda, deferrable_bytes=100 * MiB, free_device_bytes=free)
-    assert choice.mode == mode and choice.reason
+def make_state() -> dict[str, Any]:
+    return {
+        "state_dict": {"w": torch.randn(64, 32), "bn.running_mean": torch.zeros(32)},
+        "optimizer_states": [{"state": {0: {"exp_avg": torch.randn(64, 32), "step": torch.tensor(3.0)}}}],
+        "epoch": 1,
+    }
 
 
 def test_cpu_default_overlaps_only_when_training_leaves_a_core() -> None:
@@ -57,25 +46,6 @@ def test_cpu_default_overlaps_only_when_training_leaves_a_core() -> None:
     snapshotter = TorchSnapshotter("auto")  # this module runs torch with 1 thread
     take(snapshotter, make_state(), torch_buffer_pool())
     assert snapshotter.mode == cpu_default_mode(torch.get_num_threads(), os.cpu_count())
-
-
-def test_choose_mode_uses_the_measured_cpu_default_and_rejects_unknown_modes() -> None:
-    assert choose_mode("auto", on_cuda=False, deferrable_bytes=1, free_device_bytes=None, cpu_auto="overlap").mode == "overlap"
-    with pytest.raises(ValueError, match="unknown snapshot mode"):
-        choose_mode("fast", on_cuda=False, deferrable_bytes=1, free_device_bytes=None)
-    with pytest.raises(ValueError, match="unknown snapshot mode"):
-        TorchSnapshotter("fast")
-
-
-# -- CPU: sync and overlap ------------------------------------------------------------------------
-
-
-def make_state() -> dict[str, Any]:
-    return {
-        "state_dict": {"w": torch.randn(64, 32), "bn.running_mean": torch.zeros(32)},
-        "optimizer_states": [{"state": {0: {"exp_avg": torch.randn(64, 32), "step": torch.tensor(3.0)}}}],
-        "epoch": 1,
-    }
 
 
 def test_sync_copies_everything_before_returning() -> None:
@@ -117,13 +87,6 @@ def test_a_failed_helper_copy_is_raised_by_wait() -> None:
     pending.before_update()
     with pytest.raises(RuntimeError, match="snapshot copy failed"):
         pending.wait()
-
-
-def test_host_copy_handles_bfloat16_views_and_non_contiguous() -> None:
-    for src in (torch.randn(5, 3).to(torch.bfloat16), torch.randn(4, 6).t(), torch.tensor(2.5), torch.empty(0)):
-        dst = torch.empty(src.shape, dtype=src.dtype)
-        host_copy(dst, src)
-        assert torch.equal(dst, src)
 
 
 @pytest.mark.parametrize(("mode", "rounds"), [("sync", 1000), ("overlap", 50)])
@@ -269,29 +232,3 @@ def test_cuda_device_snapshot_reserves_device_buffers_and_the_update_waits_for_t
 
 
 # -- persist ----------------------------------------------------------------------------------------
-
-
-def test_save_tree_without_zip_crc_loads_and_skips_only_the_zip_crc() -> None:
-    tree = {"a": torch.randn(1000), "b": [1, {"c": torch.arange(5)}]}
-    plain, fast = io.BytesIO(), io.BytesIO()
-    save_tree(tree, plain)
-    save_tree(tree, fast, zip_crc32=False)
-    assert len(plain.getvalue()) == len(fast.getvalue())
-    back = torch.load(io.BytesIO(fast.getvalue()), weights_only=True)
-    assert torch.equal(back["a"], tree["a"]) and torch.equal(back["b"][1]["c"], tree["b"][1]["c"])
-    assert zipfile.ZipFile(io.BytesIO(plain.getvalue())).testzip() is None
-    assert zipfile.ZipFile(io.BytesIO(fast.getvalue())).testzip() is not None  # the zip CRC was not computed
-
-
-def test_save_tree_falls_back_to_torch_save_when_the_private_api_differs(monkeypatch) -> None:
-    real = torch._C.PyTorchFileWriter
-
-    def writer(*args: Any) -> Any:
-        if args[1] is False:  # as if a later torch had another constructor
-            raise TypeError("unexpected arguments")
-        return real(*args)
-
-    monkeypatch.setattr(torch._C, "PyTorchFileWriter", writer)
-    out = io.BytesIO()
-    save_tree({"a": torch.ones(3)}, out, zip_crc32=False)
-    assert zipfile.ZipFile(io.BytesIO(out.getvalue())).testzip() is None

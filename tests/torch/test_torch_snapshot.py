@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import errno
 import io
+import zipfile
 from typing import Any
 
 import pytest
@@ -167,3 +168,29 @@ def test_copies_run_with_the_requested_threads_and_restore_the_setting() -> None
         assert seen == [1, 2]
     finally:
         torch.set_num_threads(previous)
+
+
+def test_save_tree_without_zip_crc_loads_and_skips_only_the_zip_crc() -> None:
+    tree = {"a": torch.randn(1000), "b": [1, {"c": torch.arange(5)}]}
+    plain, fast = io.BytesIO(), io.BytesIO()
+    save_tree(tree, plain)
+    save_tree(tree, fast, zip_crc32=False)
+    assert len(plain.getvalue()) == len(fast.getvalue())
+    back = torch.load(io.BytesIO(fast.getvalue()), weights_only=True)
+    assert torch.equal(back["a"], tree["a"]) and torch.equal(back["b"][1]["c"], tree["b"][1]["c"])
+    assert zipfile.ZipFile(io.BytesIO(plain.getvalue())).testzip() is None
+    assert zipfile.ZipFile(io.BytesIO(fast.getvalue())).testzip() is not None  # the zip CRC was not computed
+
+
+def test_save_tree_falls_back_to_torch_save_when_the_private_api_differs(monkeypatch) -> None:
+    real = torch._C.PyTorchFileWriter
+
+    def writer(*args: Any) -> Any:
+        if args[1] is False:  # as if a later torch had another constructor
+            raise TypeError("unexpected arguments")
+        return real(*args)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileWriter", writer)
+    out = io.BytesIO()
+    save_tree({"a": torch.ones(3)}, out, zip_crc32=False)
+    assert zipfile.ZipFile(io.BytesIO(out.getvalue())).testzip() is None

@@ -1,0 +1,40 @@
+"""The few CUDA calls the snapshot copy makes, behind one class so tests can record them.
+
+No GPU test exists yet: the unit tests pass a recording fake of :class:`CudaApi` to check the
+order of stream waits, copies and events.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+
+class CudaApi:
+    """The few CUDA calls the snapshotter makes; tests pass a recording fake."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def new_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
+    def new_event(self) -> Any:
+        return torch.cuda.Event()
+
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def free_bytes(self, device: torch.device) -> int | None:
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except Exception:  # e.g. a device without the query: "unknown", auto stays on host
+            return None
+
+
+def record_on_stream(src: torch.Tensor, stream: Any) -> None:
+    """Tell the caching allocator ``src`` is in use on ``stream`` (real CUDA tensors only)."""
+    if src.is_cuda:
+        src.record_stream(stream)
