@@ -9,6 +9,7 @@
 
 from autockpt_torch import ResumableSampler
 
-from .callback import AutoCheckpoint, latest_checkpoint
+from .callback import AutoCheckpoint
+from .checkpoint_file import latest_checkpoint
 
 __all__ = ["AutoCheckpoint", "ResumableSampler", "latest_checkpoint"]

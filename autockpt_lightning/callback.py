@@ -56,8 +56,6 @@ launcher to tear them down. Tested on one process and on two CPU processes (gloo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import inspect
 import logging
 import os
 import signal
@@ -68,65 +66,37 @@ from typing import Any, Mapping
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from autockpt_core import (
-    AutockptError,
     BufferPool,
     CheckpointSession,
     Config,
     Decision,
     Preempted,
     PreemptionHandler,
-    ResumeNotExactWarning,
+    PreemptionRecord,
     Snapshot,
     Storage,
-    find_latest_valid,
-    storage_for,
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords
+from autockpt_core.persist import location_of
 from autockpt_core.preemption import exit_code
 from autockpt_torch import TorchSnapshotter, save_tree, torch_buffer_pool
 from autockpt_torch.staging import optimizer_owned
 
 from . import resume as _resume
+from .auto_resume import apply_exact_state, load_newest
+from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
+from .distributed import agree, check_strategy, warn_if_slurm_requeue
+from .events import CheckpointEvent
 
 __all__ = ["AutoCheckpoint", "CheckpointEvent", "PreemptionRecord", "latest_checkpoint"]
 
 log = logging.getLogger("autockpt")
 
-FRAMEWORK = "lightning"
-SUFFIX = ".ckpt"
-
 # Config's defaults, so the signature below shows (and jsonargparse sees) the real values
 # without restating them here.
 _DEFAULTS = CONFIG_DEFAULTS
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointEvent:
-    """One checkpoint this callback took: what the policy said and what it cost.
-
-    ``stall_s`` is the time ``session.save`` blocked the training thread (dump_checkpoint and
-    the copy, plus any wait for the previous persist); ``nbytes`` is the tensor payload copied.
-    """
-
-    step: int
-    epoch: int
-    reason: str
-    interval_steps: int | None
-    interval_rule: str | None
-    stall_s: float
-    nbytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PreemptionRecord:
-    """The emergency checkpoint taken after a signal: its step, the signal and the file."""
-
-    step: int
-    signal: str
-    path: str | None
 
 
 class AutoCheckpoint(Callback):
@@ -185,20 +155,29 @@ class AutoCheckpoint(Callback):
         self._storage = storage
         self._session: CheckpointSession | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
+        self._restore_state: dict[str, Any] | None = None  # from load_state_dict, applied in on_train_start
+        self._rng_for_save: dict[int, dict[str, Any]] | None = None
+        self._preemption: PreemptionHandler | None = None
+        self._warned_loaders = False
+        self._hidden_lightning_warning: tuple[Any, ...] | None = None
+        self._reset_fit_state(None)
+
+    def _reset_fit_state(self, trainer: pl.Trainer | None) -> None:
+        """What one fit() records: set in ``__init__`` and again in ``on_fit_start``.
+
+        Not reset here: ``_restore_state`` (Lightning may call ``load_state_dict`` before
+        ``on_fit_start``), the session (created by ``on_fit_start``) and what lives for the
+        callback's lifetime (warned once, installed handlers).
+        """
         self._finished = False
         self._last_step: int | None = None
         self._logged_interval: int | None = None
         self.events: list[CheckpointEvent] = []
         self.resumed_from: int | None = None
         self.preempted: PreemptionRecord | None = None
-        self._trainer: pl.Trainer | None = None
-        self._restore_state: dict[str, Any] | None = None  # from load_state_dict, applied in on_train_start
-        self._rng_for_save: dict[int, dict[str, Any]] | None = None
-        self._preemption: PreemptionHandler | None = None
-        self._warned_loaders = False
+        self._trainer: pl.Trainer | None = trainer
         self._deferred_from: int | None = None  # a checkpoint due at an unclean boundary ...
         self._deferred_reason: str | None = None  # ... is taken at the next step
-        self._hidden_lightning_warning: tuple[Any, ...] | None = None
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
@@ -213,32 +192,22 @@ class AutoCheckpoint(Callback):
     # -- Lightning hooks -----------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        strategy = trainer.strategy
-        # The resume route in on_fit_start needs modules restored before on_fit_start, and
-        # sharded strategies write through their own (sharded) save path.
-        if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or strategy.restore_checkpoint_after_setup:
-            raise AutockptError(
-                f"AutoCheckpoint supports single-device and DDP training, not {type(strategy).__name__}. "
-                "Fix: use strategy='ddp' (or a single device), or checkpoint sharded models with ModelCheckpoint."
-            )
+        if stage == "fit":
+            check_strategy(trainer)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._session = self._new_session() if trainer.is_global_zero else None
-        self._finished = False
-        self._last_step = None
-        self._logged_interval = None
-        self.events = []
-        self.resumed_from = None
-        self.preempted = None
-        self._trainer = trainer
-        self._deferred_from = self._deferred_reason = None
+        self._reset_fit_state(trainer)
         if self.config.resume:
-            self._auto_resume(trainer)
+            self.resumed_from = load_newest(trainer, self._session, self.config.verbose)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore_exact_state(trainer)  # samplers, then RNG: nothing may draw after it
+        # Samplers, then RNG: nothing may draw after it.
+        state, self._restore_state = self._restore_state, None
+        check_loaders, self._warned_loaders = not self._warned_loaders, True
+        hidden = apply_exact_state(trainer, state, self.resumed_from, check_loaders)
+        if hidden is not None:
+            self._hidden_lightning_warning = hidden
         self._last_step = trainer.global_step
         if self._session is not None:
             self._session.start(trainer.global_step)
@@ -246,7 +215,7 @@ class AutoCheckpoint(Callback):
         self._preemption = PreemptionHandler(self.config.signals) if self.config.signals else None
         if self._preemption is not None:
             self._preemption.install()
-            _warn_if_slurm_requeue(trainer)
+            warn_if_slurm_requeue(trainer)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator states per rank and ResumableSampler positions (inside dump_checkpoint)."""
@@ -279,7 +248,7 @@ class AutoCheckpoint(Callback):
         reason = decision.reason if decision is not None else ""
         signum = self._preemption.signum if self._preemption is not None else None
         if trainer.world_size > 1:  # rank 0 decided; the others follow; any rank may be signalled
-            save, signum = _agree(trainer, save, signum)
+            save, signum = agree(trainer, save, signum)
         deferred_from, deferred_reason = self._deferred_from, self._deferred_reason
         self._deferred_from = self._deferred_reason = None
         if deferred_reason is not None and not save:
@@ -339,46 +308,6 @@ class AutoCheckpoint(Callback):
             storage=self._storage,
         )
 
-    def _auto_resume(self, trainer: pl.Trainer) -> None:
-        # Auto-resume route (lightning 2.6). Trainer._run restores modules and callbacks from
-        # fit()'s ckpt_path before on_fit_start and loops/optimizers right after it, both from
-        # the connector's preloaded `_loaded_checkpoint`. Restoring modules and callbacks here
-        # with `_restore_modules_and_callbacks(path)` therefore makes Lightning's own
-        # restore_training_state() restore loops, optimizers, schedulers and precision state,
-        # and resume_end() report "Restored all states from ... <our file>". A non-empty
-        # `_loaded_checkpoint` at this point means the user gave a ckpt_path (argument or
-        # trainer.ckpt_path): it wins and nothing is loaded here. Rejected alternatives:
-        # setting trainer.ckpt_path in setup() is too late (_run already holds its own
-        # ckpt_path); the OnExceptionCheckpoint route makes _parse_ckpt_path print a
-        # misleading "ckpt_path=None ... last model of the previous fit" warning on every run
-        # and picks by mtime among ModelCheckpoint's last*.ckpt files too.
-        # A trainer that already trained in this process (a second fit() call) continues from
-        # its in-memory state, which is at least as new as any checkpoint: nothing to load.
-        connector = trainer._checkpoint_connector
-        if connector._loaded_checkpoint or trainer.global_step > 0:
-            return
-        path: str | None = None
-        session = self._session
-        if session is not None:
-            record = session.resume_record()
-            if record is not None:
-                path = _location(session.storage, record.name)
-                self.resumed_from = record.step
-                if self.config.verbose:
-                    print(f"autockpt: resuming from step {record.step}: {path}", flush=True)
-        if trainer.world_size > 1:
-            path = trainer.strategy.broadcast(path, src=0)
-        if path is None:
-            return
-        # Our own file, verified against the manifest's checksum: full unpickling is needed
-        # for hparams such as argparse.Namespace, as with any Lightning .ckpt you trust.
-        # (Lightning releases before `weights_only` existed always unpickled fully.)
-        restore = connector._restore_modules_and_callbacks
-        if "weights_only" in inspect.signature(restore).parameters:
-            restore(path, weights_only=False)
-        else:  # pragma: no cover - older Lightning
-            restore(path)
-
     def _checkpoint(self, trainer: pl.Trainer, step: int, reason: str) -> None:
         """``_save`` with every rank's generator states gathered first (all ranks call this)."""
         self._rng_for_save = _resume.gather_rng(trainer)  # read by state_dict() inside dump_checkpoint
@@ -386,42 +315,6 @@ class AutoCheckpoint(Callback):
             self._save(trainer, step, reason)
         finally:
             self._rng_for_save = None
-
-    def _restore_exact_state(self, trainer: pl.Trainer) -> None:
-        """on_train_start: apply the restored sampler positions and RNG; warn where not exact."""
-        state, self._restore_state = self._restore_state, None
-        if not self._warned_loaders:
-            self._warned_loaders = True
-            problems = _resume.loader_problems(trainer)
-            if problems and trainer.is_global_zero:
-                warnings.warn(
-                    "autockpt: a resumed run will not see exactly the data an uninterrupted run sees: "
-                    + "; ".join(problems) + ".",
-                    ResumeNotExactWarning,
-                    stacklevel=2,
-                )
-        if not state:
-            if self.resumed_from is not None and trainer.is_global_zero:
-                warnings.warn(
-                    f"autockpt: the checkpoint of step {self.resumed_from} holds no autockpt state "
-                    "(random generators, sampler positions): it was written by an older autockpt, "
-                    "so this resume is not bitwise exact.",
-                    ResumeNotExactWarning,
-                    stacklevel=2,
-                )
-            return
-        if _resume.sampler_covers_plain_loaders(trainer):
-            # Every plain train loader resumes through its ResumableSampler: Lightning's warning
-            # that such a loader restarts the epoch does not apply (filter removed when training ends).
-            warnings.filterwarnings("ignore", message=_resume.LIGHTNING_NOT_RESUMABLE_WARNING)
-            self._hidden_lightning_warning = warnings.filters[0]
-        problems = _resume.restore(trainer, state)
-        if problems:
-            warnings.warn(
-                f"autockpt: resuming at step {trainer.global_step} is not bitwise exact: " + "; ".join(problems) + ".",
-                ResumeNotExactWarning,
-                stacklevel=2,
-            )
 
     def _on_preempted(self, trainer: pl.Trainer, step: int, signum: int, saved: bool) -> None:
         """A signal arrived: commit a checkpoint of this step (durable), then exit or continue.
@@ -436,7 +329,7 @@ class AutoCheckpoint(Callback):
         if session is not None:
             session.flush()  # durable and listed in the manifest before we go on
             record = session.writer.last_record
-            path = _location(session.storage, record.name) if record is not None else None
+            path = location_of(session.storage, record.name) if record is not None else None
         if trainer.world_size > 1:
             trainer.strategy.barrier("autockpt-preempted")
         self.preempted = PreemptionRecord(step=step, signal=name, path=path)
@@ -527,42 +420,3 @@ def _loss_value(outputs: Any) -> float | None:
     return None
 
 
-def _location(storage: Storage, name: str) -> str:
-    """A path (local storage) or URL (fsspec storage) Lightning can load ``name`` from."""
-    path = storage.local_path(name)
-    return path if path is not None else f"{storage.location.rstrip('/')}/{name}"
-
-
-def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
-    """Path of the newest Lightning checkpoint in ``dirpath`` whose file matches the manifest.
-
-    Corrupt or torn newer files are skipped with a warning; None when there is none.
-    """
-    storage = storage_for(dirpath)
-    record = find_latest_valid(storage, framework=FRAMEWORK)
-    return None if record is None else _location(storage, record.name)
-
-
-def _agree(trainer: pl.Trainer, save: bool, signum: int | None) -> tuple[bool, int | None]:
-    """One all-reduce: save if rank 0 decided so; preempt if any rank received a signal."""
-    values = torch.tensor([int(save), signum or 0], device=trainer.strategy.root_device)
-    agreed = trainer.strategy.reduce(values, reduce_op="max")
-    return bool(agreed[0].item()), (int(agreed[1].item()) or None)
-
-
-def _warn_if_slurm_requeue(trainer: pl.Trainer) -> None:
-    """Lightning's SLURM auto-requeue saves from inside its signal handler and resumes from that file."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    environment = trainer._accelerator_connector.cluster_environment
-    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and trainer.is_global_zero:
-        warnings.warn(
-            "autockpt: Lightning's SLURM auto-requeue is on: on "
-            f"{getattr(environment.requeue_signal, 'name', environment.requeue_signal)} it saves "
-            "hpc_ckpt_*.ckpt from inside its signal handler (not at a step boundary), and the "
-            "requeued job resumes from that file instead of autockpt's checkpoints, so the resume "
-            "is not exact. Fix: Trainer(plugins=[SLURMEnvironment(auto_requeue=False)]) and requeue "
-            "from the batch script (docs/reliability.md, 'SLURM').",
-            ResumeNotExactWarning,
-            stacklevel=3,
-        )

@@ -1,0 +1,118 @@
+"""Auto-resume: what a rerun of the same command does before its first training step.
+
+Call order (training thread, every rank):
+
+1. ``load_newest(trainer, session, verbose)`` in ``on_fit_start``: rank 0 finds the newest
+   valid checkpoint, the path is broadcast, and every rank loads modules and callbacks from it
+   through Lightning's checkpoint connector, so Lightning itself then restores loops,
+   optimizers, schedulers and precision state. The callback's own entry reaches it through
+   ``load_state_dict``.
+2. ``apply_exact_state(trainer, state, ...)`` in ``on_train_start``: that entry's sampler
+   positions and generator states (:func:`autockpt_lightning.resume.restore`), with a
+   :class:`~autockpt_core.ResumeNotExactWarning` for whatever cannot be exact.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+
+from autockpt_core import CheckpointSession, ResumeNotExactWarning
+from autockpt_core.persist import location_of
+
+from . import resume as _resume
+
+
+def load_newest(trainer: pl.Trainer, session: CheckpointSession | None, verbose: bool) -> int | None:
+    """Restore modules and callbacks from the newest valid checkpoint; returns its step (rank 0).
+
+    ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts.
+    Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer already trained.
+    """
+    # Auto-resume route (lightning 2.6). Trainer._run restores modules and callbacks from
+    # fit()'s ckpt_path before on_fit_start and loops/optimizers right after it, both from
+    # the connector's preloaded `_loaded_checkpoint`. Restoring modules and callbacks here
+    # with `_restore_modules_and_callbacks(path)` therefore makes Lightning's own
+    # restore_training_state() restore loops, optimizers, schedulers and precision state,
+    # and resume_end() report "Restored all states from ... <our file>". A non-empty
+    # `_loaded_checkpoint` at this point means the user gave a ckpt_path (argument or
+    # trainer.ckpt_path): it wins and nothing is loaded here. Rejected alternatives:
+    # setting trainer.ckpt_path in setup() is too late (_run already holds its own
+    # ckpt_path); the OnExceptionCheckpoint route makes _parse_ckpt_path print a
+    # misleading "ckpt_path=None ... last model of the previous fit" warning on every run
+    # and picks by mtime among ModelCheckpoint's last*.ckpt files too.
+    # A trainer that already trained in this process (a second fit() call) continues from
+    # its in-memory state, which is at least as new as any checkpoint: nothing to load.
+    connector = trainer._checkpoint_connector
+    if connector._loaded_checkpoint or trainer.global_step > 0:
+        return None
+    path: str | None = None
+    resumed: int | None = None
+    if session is not None:
+        record = session.resume_record()
+        if record is not None:
+            path = location_of(session.storage, record.name)
+            resumed = record.step
+            if verbose:
+                print(f"autockpt: resuming from step {record.step}: {path}", flush=True)
+    if trainer.world_size > 1:
+        path = trainer.strategy.broadcast(path, src=0)
+    if path is None:
+        return resumed
+    # Our own file, verified against the manifest's checksum: full unpickling is needed
+    # for hparams such as argparse.Namespace, as with any Lightning .ckpt you trust.
+    # (Lightning releases before `weights_only` existed always unpickled fully.)
+    restore = connector._restore_modules_and_callbacks
+    if "weights_only" in inspect.signature(restore).parameters:
+        restore(path, weights_only=False)
+    else:  # pragma: no cover - older Lightning
+        restore(path)
+    return resumed
+
+
+def apply_exact_state(
+    trainer: pl.Trainer, state: dict[str, Any] | None, resumed_from: int | None, check_loaders: bool
+) -> Any | None:
+    """Apply the restored sampler positions and RNG; warn where the resume is not exact.
+
+    ``check_loaders``: also warn about train loaders that cannot resume mid-epoch (once per
+    callback). Returns the warnings filter added to hide Lightning's not-resumable warning
+    when every plain loader resumes through a ResumableSampler (the caller removes it when
+    training ends), else None.
+    """
+    if check_loaders:
+        problems = _resume.loader_problems(trainer)
+        if problems and trainer.is_global_zero:
+            warnings.warn(
+                "autockpt: a resumed run will not see exactly the data an uninterrupted run sees: "
+                + "; ".join(problems) + ".",
+                ResumeNotExactWarning,
+                stacklevel=2,
+            )
+    if not state:
+        if resumed_from is not None and trainer.is_global_zero:
+            warnings.warn(
+                f"autockpt: the checkpoint of step {resumed_from} holds no autockpt state "
+                "(random generators, sampler positions): it was written by an older autockpt, "
+                "so this resume is not bitwise exact.",
+                ResumeNotExactWarning,
+                stacklevel=2,
+            )
+        return None
+    hidden = None
+    if _resume.sampler_covers_plain_loaders(trainer):
+        # Every plain train loader resumes through its ResumableSampler: Lightning's warning
+        # that such a loader restarts the epoch does not apply (filter removed when training ends).
+        warnings.filterwarnings("ignore", message=_resume.LIGHTNING_NOT_RESUMABLE_WARNING)
+        hidden = warnings.filters[0]
+    problems = _resume.restore(trainer, state)
+    if problems:
+        warnings.warn(
+            f"autockpt: resuming at step {trainer.global_step} is not bitwise exact: " + "; ".join(problems) + ".",
+            ResumeNotExactWarning,
+            stacklevel=2,
+        )
+    return hidden

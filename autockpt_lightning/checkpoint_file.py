@@ -1,0 +1,25 @@
+"""The Lightning checkpoint file: a standard ``.ckpt`` (``torch.save`` of ``dump_checkpoint``).
+
+``trainer.fit(ckpt_path=...)`` and ``LightningModule.load_from_checkpoint`` accept the files;
+the manifest lists them under ``FRAMEWORK`` with their checksums.
+"""
+
+from __future__ import annotations
+
+import os
+
+from autockpt_core import find_latest_valid, storage_for
+from autockpt_core.persist import location_of
+
+FRAMEWORK = "lightning"
+SUFFIX = ".ckpt"
+
+
+def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
+    """Path of the newest Lightning checkpoint in ``dirpath`` whose file matches the manifest.
+
+    Corrupt or torn newer files are skipped with a warning; None when there is none.
+    """
+    storage = storage_for(dirpath)
+    record = find_latest_valid(storage, framework=FRAMEWORK)
+    return None if record is None else location_of(storage, record.name)
