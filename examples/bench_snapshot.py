@@ -1,6 +1,6 @@
 """Snapshot/persist benchmark: ``python examples/bench_snapshot.py --sizes 10MB,100MB``.
 
-The same as ``autockpt bench`` (see ``autockpt_core/cli_bench.py``): prints the tables,
+The same as ``autockpt bench`` (see ``autockpt_core/cli/bench.py``): prints the tables,
 writes ``autockpt-bench.json`` (``--json``) and, with ``--markdown FILE``, the tables as
 Markdown. Each configuration runs in its own subprocess (frameworks are imported there).
 """

@@ -12,37 +12,53 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
-def lightning(out: str) -> None:
+def tiny_lightning_module() -> Any:
+    """A LightningModule with one ``Linear(4, 2)`` trained with Adam on an MSE loss."""
     import lightning.pytorch as pl
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from autockpt_lightning import AutoCheckpoint, ResumableSampler
-
-    torch.manual_seed(0)
-    pl.seed_everything(0)
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(4, 2)
 
-        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        def configure_optimizers(self) -> Any:
             return torch.optim.Adam(self.parameters(), lr=0.01)
 
+    return Tiny()
+
+
+def tiny_loader() -> Any:
+    """64 random samples in batches of 8, shuffled by a ResumableSampler."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from autockpt_lightning import ResumableSampler
+
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
-    loader = DataLoader(data, batch_size=8, sampler=ResumableSampler(data, seed=0))
+    return DataLoader(data, batch_size=8, sampler=ResumableSampler(data, seed=0))
+
+
+def lightning(out: str) -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    from autockpt_lightning import AutoCheckpoint
+
+    torch.manual_seed(0)
+    pl.seed_everything(0)
     trainer = pl.Trainer(
         max_steps=4, callbacks=[AutoCheckpoint(out, every_n_steps=2, keep_last=2, verbose=False)],
         enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
     )
-    trainer.fit(Tiny(), loader)
+    trainer.fit(tiny_lightning_module(), tiny_loader())
 
 
 def keras_(out: str) -> None:

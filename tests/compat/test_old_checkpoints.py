@@ -41,32 +41,18 @@ def test_manifest_and_checksums_verify(framework: str, suffix: str, tmp_path: Pa
 def test_lightning_resumes_from_an_old_checkpoint(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     pl = pytest.importorskip("lightning.pytorch")
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from autockpt_lightning import AutoCheckpoint, ResumableSampler, latest_checkpoint
+    from autockpt_lightning import AutoCheckpoint, latest_checkpoint
+    from tests.compat.make_checkpoints import tiny_lightning_module, tiny_loader
 
     directory = copy_of("lightning", tmp_path)
     path = latest_checkpoint(directory)
     assert path is not None and path.endswith("ckpt-step000000004.ckpt")
     torch.set_num_threads(1)
 
-    class Tiny(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
-            return torch.optim.Adam(self.parameters(), lr=0.01)
-
     saved = torch.load(path, map_location="cpu", weights_only=False)
-    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
-    loader = DataLoader(data, batch_size=8, sampler=ResumableSampler(data, seed=0))
+    loader = tiny_loader()
     callback = AutoCheckpoint(directory, every_n_steps=2, verbose=False)
-    model = Tiny()
+    model = tiny_lightning_module()
     trainer = pl.Trainer(
         max_steps=4, callbacks=[callback], enable_checkpointing=False, logger=False,
         enable_progress_bar=False, enable_model_summary=False,
@@ -78,7 +64,7 @@ def test_lightning_resumes_from_an_old_checkpoint(tmp_path: Path) -> None:
         max_steps=6, callbacks=[callback], enable_checkpointing=False, logger=False,
         enable_progress_bar=False, enable_model_summary=False,
     )
-    trainer.fit(Tiny(), loader)
+    trainer.fit(tiny_lightning_module(), loader)
     assert callback.resumed_from == 4 and trainer.global_step == 6
     assert [r.step for r in read_manifest(storage_for(directory))][-1] == 6
 
