@@ -1,24 +1,22 @@
 """``AutoCheckpoint``: the Keras callback that drives a :class:`~autockpt_core.CheckpointSession`.
 
 The callback holds no policy: it maps ``fit()``'s hooks to session calls, copies the state,
-and puts a resumed run back at the exact batch and generator state the checkpoint was taken
-at (:mod:`autockpt_keras.resume`, :mod:`autockpt_keras.rng`). Order of calls inside
-``fit()`` (TensorFlow and torch trainers, Keras 3):
+and, through an :class:`~autockpt_keras.exact_resume.ExactResume` it creates per ``fit()``,
+puts a resumed run back at the exact batch and generator state the checkpoint was taken at
+(that module's docstring details those steps). Order of calls inside ``fit()`` (TensorFlow
+and torch trainers, Keras 3):
 
 1. ``on_train_begin``: a new session; ``fit()``'s data iterator is looked up and its input
    type checked (a :class:`~autockpt_core.ResumeNotExactWarning` names what would keep a
-   resume from being exact); ``session.resume_record()``; if a valid checkpoint exists, the
-   model's and optimizer's variables are built if needed and assigned, and
-   ``model._initial_epoch`` is set (``fit()`` reads it right after this hook); the
-   preemption signal handlers are installed; ``session.start(optimizer.iterations)``.
-2. ``on_epoch_begin``: in the resumed epoch: the global generators are set to their state
-   when the checkpoint's data iterator was started (so the epoch draws the same order), a
-   reshuffling tf.data input is advanced, the metric variables are assigned again (``fit()``
-   reset them), and when the checkpoint is mid-epoch a :class:`~autockpt_keras.resume.SkipSteps`
-   replaces ``model.train_function`` for the batches already trained. Otherwise the
-   generators are captured when a new data iterator is about to start. A checkpoint that
-   fell due at the previous epoch's last batch is taken here (after validation and the
-   epoch-end callbacks, whose generator draws the resumed run then need not repeat).
+   resume from being exact, :mod:`autockpt_keras.input_checks`); ``session.resume_record()``;
+   if a valid checkpoint exists, the model's and optimizer's variables are built if needed
+   and assigned, and ``model._initial_epoch`` is set (``fit()`` reads it right after this
+   hook); the preemption signal handlers are installed; ``session.start(optimizer.iterations)``.
+2. ``on_epoch_begin``: the resumed epoch gets the checkpoint's data order and generators and
+   skips the batches already trained; another epoch captures the generators when a new data
+   iterator is about to start. A checkpoint that fell due at the previous epoch's last batch
+   is taken here (after validation and the epoch-end callbacks, whose generator draws the
+   resumed run then need not repeat).
 3. ``on_train_batch_begin``: marks the call as skipped or not.
 4. ``on_train_batch_end``: skipped batches do nothing, except the last one, which sets the
    generators to their state at the checkpoint. Otherwise ``session.step_end(
@@ -58,7 +56,7 @@ import math
 import os
 import signal
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import keras
 
@@ -67,28 +65,24 @@ from autockpt_core import (
     Config,
     Preempted,
     PreemptionHandler,
+    PreemptionRecord,
     ResumeNotExactWarning,
     RunSummary,
     Storage,
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords
+from autockpt_core.persist import location_of
 from autockpt_core.preemption import exit_code
 
-from . import rng
-from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, file_metadata, make_snapshot, read_record
+from .checkpoint_event import CheckpointEvent
+from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, read_record
 from .copying import Copier, buffer_pool_for, copier_for
-from .resume import (
-    DataStream,
-    InputReport,
-    ResumePoint,
-    SkipSteps,
-    StreamState,
-    advance_dataset,
-    build_metrics,
-    find_epoch_iterator,
-    inspect_inputs,
-    unwrap_train_function,
-)
+from .data_stream import find_epoch_iterator
+from .exact_resume import ExactResume
+from .input_checks import InputReport, inspect_inputs
+from .resume_point import ResumePoint
+from .skipping import unwrap_train_function
+from .snapshot import manifest_meta, prepare_buffers, state_snapshot
 from .state import assign_state, collect_state, ensure_built
 
 log = logging.getLogger("autockpt")
@@ -105,35 +99,6 @@ _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 
 # Config's defaults, so the signature shows the real values without restating them.
 _DEFAULTS = CONFIG_DEFAULTS
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointEvent:
-    """One checkpoint this callback took: when, why, and what it cost the training thread.
-
-    ``next_epoch``/``batches_done``: where a run resumed from it continues (epoch, and
-    batches of that epoch already trained).
-    """
-
-    step: int
-    epoch: int
-    batch: int | None
-    next_epoch: int
-    reason: str
-    interval_steps: int | None
-    interval_rule: str | None
-    stall_s: float
-    nbytes: int
-    batches_done: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class PreemptionRecord:
-    """The emergency checkpoint taken after a signal: its step, the signal and the file."""
-
-    step: int
-    signal: str
-    path: str | None
 
 
 class AutoCheckpoint(keras.callbacks.Callback):
@@ -195,8 +160,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
     ``events`` (a :class:`CheckpointEvent` per checkpoint), ``restored`` (the
     :class:`~autockpt_keras.checkpoint_file.CheckpointInfo` resumed from, or None),
     ``summary`` (the :class:`~autockpt_core.RunSummary`), ``inputs`` (the
-    :class:`~autockpt_keras.resume.InputReport` of the training data), ``preempted`` (a
-    :class:`PreemptionRecord` after a signal, else None).
+    :class:`~autockpt_keras.input_checks.InputReport` of the training data), ``preempted`` (a
+    :class:`~autockpt_core.PreemptionRecord` after a signal, else None).
     """
 
     def __init__(
@@ -230,31 +195,34 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self.config: Config = config_from_keywords(dirpath, config, values)
         self.save_on_train_end = bool(save_on_train_end)
         self.session: CheckpointSession | None = None
-        self.events: list[CheckpointEvent] = []
-        self.restored: CheckpointInfo | None = None
-        self.summary: RunSummary | None = None
         self.inputs: InputReport | None = None
-        self.preempted: PreemptionRecord | None = None
         self._storage = storage
         self._copier: Copier | None = None
         self._backend = ""
+        self._initial_epoch_to_put_back: tuple[Any] | None = None
+        self._preemption: PreemptionHandler | None = None
+        self._reset_fit_state()
+
+    def _reset_fit_state(self) -> None:
+        """The state one ``fit()`` builds up, empty (``__init__``, and ``on_train_begin``).
+
+        Not here: what ``on_train_begin`` replaces anyway (``session``, ``inputs``, the copier
+        and the backend), the initial epoch to put back (put back first) and the signal
+        handler (replaced when ``signals`` are configured).
+        """
+        self.events: list[CheckpointEvent] = []
+        self.restored: CheckpointInfo | None = None
+        self.summary: RunSummary | None = None
+        self.preempted: PreemptionRecord | None = None
         self._epoch = 0
         self._batch: int | None = None
         self._completed_epoch: int | None = None
         self._stopped_mid_epoch = False
         self._last_saved_step: int | None = None
         self._last_loss: float | None = None
-        self._initial_epoch_to_put_back: tuple[Any] | None = None
         self._buffers_ready = False
-        self._epoch_iterator: Any | None = None
-        self._stream: DataStream | None = None
-        self._resume_point: ResumePoint | None = None
-        self._metric_arrays: dict[str, Any] | None = None
-        self._skipper: SkipSteps | None = None
-        self._skip_through: int | None = None
         self._deferred: tuple[int, str, int] | None = None  # (step, reason, batch) due at an epoch's last batch
-        self._rng_after_skip: dict[str, Any] | None = None
-        self._preemption: PreemptionHandler | None = None
+        self._exact: ExactResume | None = None  # created in on_train_begin
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
@@ -283,26 +251,10 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 "optimizer update); copying on the training thread (\"sync\")",
                 self.config.snapshot_mode,
             )
-        self.events = []
-        self.restored = None
-        self.summary = None
-        self.preempted = None
-        self._epoch = 0
-        self._batch = None
-        self._completed_epoch = None
-        self._stopped_mid_epoch = False
-        self._last_saved_step = None
-        self._last_loss = None
-        self._buffers_ready = False
-        self._resume_point = None
-        self._metric_arrays = None
-        self._skipper = None
-        self._skip_through = None
-        self._deferred = None
-        self._rng_after_skip = None
-        self._epoch_iterator = find_epoch_iterator()
-        self._stream = DataStream(self._epoch_iterator, self._capture_rng, backend)
-        self.inputs = inspect_inputs(self._epoch_iterator, backend)
+        self._reset_fit_state()
+        epoch_iterator = find_epoch_iterator()
+        self.inputs = inspect_inputs(epoch_iterator, backend)
+        self._exact = ExactResume(self.model, backend, epoch_iterator, self.inputs)
         if self.inputs.problems:
             warnings.warn(
                 f"autockpt: a resumed run will not be exactly an uninterrupted one ({self.inputs.kind} "
@@ -323,30 +275,24 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._epoch = epoch
         self._batch = None
         self._stopped_mid_epoch = False
-        stream = self._require_stream()
-        point, self._resume_point = self._resume_point, None
-        if point is not None and point.epoch == epoch:
-            self._enter_resumed_epoch(point)
-        else:
-            stream.epoch_begin()
+        exact = self._require_exact()
+        exact.epoch_begin(epoch)
         if self._deferred is not None:
             step, reason, last_batch = self._deferred
             self._deferred = None
             if step == self._global_step() and step != self._last_saved_step:
-                self._save(step, reason, self._epoch_start_point(epoch), epoch=epoch - 1, batch=last_batch)
+                self._save(step, reason, exact.epoch_start_point(epoch), epoch=epoch - 1, batch=last_batch)
         if self._preemption is not None and self._preemption.requested:
-            self._on_preempted(self._global_step(), lambda: self._epoch_start_point(epoch), epoch - 1, None)
+            self._on_preempted(self._global_step(), lambda: exact.epoch_start_point(epoch), epoch - 1, None)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._skipper is not None:
-            self._skipper.skipping = self._skip_through is not None and batch <= self._skip_through
+        if self._exact is not None:
+            self._exact.batch_begin(batch)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
-        self._require_stream().batch_end()  # this batch was drawn, trained or not
-        if self._skip_through is not None and batch <= self._skip_through:
-            if batch == self._skip_through:  # the interrupted run took its checkpoint here
-                self._finish_skip()
+        exact = self._require_exact()
+        if exact.batch_end(batch):  # a skipped batch: it was drawn, not trained
             return
         self._batch = batch
         loss = (logs or {}).get("loss")
@@ -355,7 +301,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         step = self._global_step()
         if not self._buffers_ready:  # the train step has run once: every variable exists now
             self._buffers_ready = True
-            self._prepare_buffers()
+            prepare_buffers(session.buffers, self._require_copier(), self.model)
         decision = session.step_end(step, loss=loss)
         preempt = self._preemption is not None and self._preemption.requested
         saved = False
@@ -363,11 +309,12 @@ class AutoCheckpoint(keras.callbacks.Callback):
             if self._is_last_batch(batch) and not preempt:
                 self._deferred = (step, decision.reason, batch)  # taken in on_epoch_begin / on_train_end
             else:
-                self._save(step, decision.reason, self._mid_epoch_point(batch), epoch=self._epoch, batch=batch)
+                point = exact.mid_epoch_point(self._epoch, batch)
+                self._save(step, decision.reason, point, epoch=self._epoch, batch=batch)
                 saved = True
         if preempt:
             self._deferred = None
-            self._on_preempted(step, lambda: self._mid_epoch_point(batch), self._epoch, batch, saved=saved)
+            self._on_preempted(step, lambda: exact.mid_epoch_point(self._epoch, batch), self._epoch, batch, saved=saved)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._completed_epoch = epoch
@@ -381,8 +328,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
         self._put_back_initial_epoch()
-        self._drop_skipper()
-        self._require_stream().close()
+        self._require_exact().close()
         try:
             step = self._global_step()
             due = self._deferred is not None and self._deferred[0] == step
@@ -418,34 +364,22 @@ class AutoCheckpoint(keras.callbacks.Callback):
             # The signal came after the last batch: training is complete and committed.
             raise Preempted(signum, self._global_step())
 
-    # -- resume (training thread) ---------------------------------------------------------------
+    # -- resume and final checkpoint (training thread) ----------------------------------------------
 
     def _restore(self, record: Any) -> None:
         """on_train_begin: assign the checkpoint's state; remember where its epoch resumes."""
         session = self._require_session()
+        exact = self._require_exact()
         arrays, info = read_record(session.storage, record)
         ensure_built(self.model)
-        if self._backend == "tensorflow":  # so the metric values can be assigned too
-            build_metrics(self.model, self._epoch_iterator)
+        exact.prepare_metrics()
         assign_state(collect_state(self.model), arrays, order=info.keys)
-        point = info.resume
-        if point is not None and point.batches_done > 0:
-            self._metric_arrays = {k: arrays[k] for k in info.keys if k.startswith("metrics/")}
-        del arrays
         self.restored = info
         self._last_saved_step = info.step
         self._initial_epoch_to_put_back = (self.model._initial_epoch,)
         self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
-        if self._backend not in ("tensorflow", "torch"):
-            point = None  # no exact resume on this backend: the epoch is replayed from batch 0
-        self._resume_point = point
-        if point is not None and point.problems:
-            warnings.warn(
-                f"autockpt: resuming at step {info.step} is not exact: the interrupted run's inputs "
-                "were not reproducible: " + "; ".join(point.problems) + ".",
-                ResumeNotExactWarning,
-                stacklevel=3,
-            )
+        point = exact.resume_from(info, arrays)
+        del arrays
         if self.config.verbose:
             where = f"epoch {info.next_epoch + 1}"
             if point is not None and point.batches_done > 0:
@@ -454,118 +388,29 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 where += " from its first batch (this checkpoint has no batch position)"
             print(f"autockpt: resumed from {info.path} (step {info.step}); training continues with {where}", flush=True)
 
-    def _enter_resumed_epoch(self, point: ResumePoint) -> None:
-        """on_epoch_begin of the resumed epoch: same data order, same generators, skip ahead."""
-        stream = self._require_stream()
-        self._restore_rng(point.rng_stream)  # the data iterator of this epoch is created after this hook
-        inputs = self.inputs
-        if inputs is not None and inputs.reshuffles:
-            advance_dataset(self._epoch_iterator, point.iterators_before)
-        first = point.rng_first_draw
-        stream.resume(point, after_creation=(lambda: self._restore_rng(first)) if first is not None else None)
-        if point.batches_done > 0:
-            if self._metric_arrays:  # fit() reset the metrics before this hook
-                assign_state(collect_state(self.model, ("metrics",)), self._metric_arrays, groups=("metrics",))
-            self._metric_arrays = None
-            self._skip_through = point.batches_done - 1
-            self._skipper = SkipSteps(self.model, drop=point.drop, epoch_iterator=self._epoch_iterator)
-            self._skipper.install()
-            self._rng_after_skip = point.rng_step
-        elif point.drop > 0:  # an epoch start in the middle of a stream shared by several epochs
-            self._skipper = SkipSteps(
-                self.model,
-                drop=point.drop,
-                epoch_iterator=self._epoch_iterator,
-                before_first_step=lambda: self._restore_step_rng(point.rng_step),
-            )
-            self._skipper.install()
-        else:
-            self._restore_rng(point.rng_step)
-
-    def _finish_skip(self) -> None:
-        """The last skipped batch's end: the moment the checkpoint was taken."""
-        self._skip_through = None
-        if self._skipper is not None:
-            self._skipper.skipping = False  # the next call trains and puts the original back
-        state, self._rng_after_skip = self._rng_after_skip, None
-        if state is not None:
-            self._restore_step_rng(state)
-
-    def _restore_step_rng(self, state: dict[str, Any]) -> None:
-        """The generators at the checkpoint, once the stream is back where it was then.
-
-        A data pipeline that draws from Python's and numpy's generators in a background
-        thread has drawn ahead by a varying number of batches; its draws are already in
-        sequence, so those two are left alone.
-        """
-        threaded = self.inputs is not None and self.inputs.pipeline_thread
-        self._restore_rng(state, keep=("python", "numpy") if threaded else ())
-
-    def _restore_rng(self, state: dict[str, Any], keep: tuple[str, ...] = ()) -> None:
-        problems = rng.restore(state, self._backend, keep=keep)
-        if problems:
-            warnings.warn(
-                "autockpt: resuming is not bitwise exact: " + "; ".join(problems) + ".",
-                ResumeNotExactWarning,
-                stacklevel=3,
-            )
-
-    def _capture_rng(self) -> dict[str, Any]:
-        return rng.capture(self._backend)
-
-    def _drop_skipper(self) -> None:
-        if self._skipper is not None:
-            self._skipper.uninstall()
-            self._skipper = None
-        self._skip_through = None
-
-    # -- resume points (training thread, at the moment of the checkpoint) -------------------------
-
-    def _mid_epoch_point(self, batch: int) -> ResumePoint:
-        """After ``batch`` of the current epoch: the rerun skips batches 0..batch of it."""
-        return self._point(self._epoch, batch + 1, self._require_stream().current())
-
-    def _epoch_start_point(self, epoch: int) -> ResumePoint:
-        """At ``on_epoch_begin(epoch)``, after the stream bookkeeping: the rerun starts ``epoch``."""
-        return self._point(epoch, 0, self._require_stream().current())
-
-    def _point(self, epoch: int, batches_done: int, stream: StreamState) -> ResumePoint:
-        """The position and the generators now, in ``stream``."""
-        inputs = self.inputs
-        return ResumePoint(
-            epoch=epoch,
-            batches_done=batches_done,
-            iterators_before=stream.iterators_before,
-            stream_pos=stream.position,
-            rng_stream=stream.rng,
-            rng_step=self._capture_rng(),
-            rng_first_draw=stream.rng_first_draw,
-            steps_per_execution=int(getattr(self.model, "steps_per_execution", 1) or 1),
-            inputs=inputs.kind if inputs is not None else "unknown",
-            problems=inputs.problems if inputs is not None else (),
-        )
-
     def _save_at_train_end(self, step: int, reason: str) -> None:
         """The final checkpoint: at the next epoch's start if the last epoch ran to its end."""
         epoch, batch = self._epoch, self._batch
         assert batch is not None
+        exact = self._require_exact()
         if self._completed_epoch == epoch and not self._stopped_mid_epoch:
-            point = self._point(epoch + 1, 0, self._require_stream().next_epoch())
+            point = exact.next_epoch_point(epoch)
         else:
-            point = self._mid_epoch_point(batch)
+            point = exact.mid_epoch_point(epoch, batch)
         self._save(step, reason, point, epoch=epoch, batch=batch)
 
     def _is_last_batch(self, batch: int) -> bool:
         """Whether ``batch`` is the epoch's last (False when the epoch length is not known yet)."""
         steps = self.params.get("steps") if self.params else None
-        if steps is None and self._epoch_iterator is not None:
-            steps = getattr(self._epoch_iterator, "num_batches", None)  # inferred after a first epoch
+        epoch_iterator = self._exact.epoch_iterator if self._exact is not None else None
+        if steps is None and epoch_iterator is not None:
+            steps = getattr(epoch_iterator, "num_batches", None)  # inferred after a first epoch
         return steps is not None and batch + 1 >= steps
 
     # -- preemption (training thread) -----------------------------------------------------------
 
     def _on_preempted(
-        self, step: int, point: Any, epoch: int, batch: int | None, saved: bool = False
+        self, step: int, point: Callable[[], ResumePoint], epoch: int, batch: int | None, saved: bool = False
     ) -> None:
         """A signal arrived: commit a checkpoint of this step (durable), then exit or continue."""
         handler = self._preemption
@@ -577,9 +422,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._save(step, f"preempted by {name}", point(), epoch=epoch, batch=batch)
         session.flush()  # durable and listed in the manifest before we go on
         record = session.writer.last_record
-        path = None
-        if record is not None:
-            path = session.storage.local_path(record.name) or f"{session.storage.location.rstrip('/')}/{record.name}"
+        path = location_of(session.storage, record.name) if record is not None else None
         self.preempted = PreemptionRecord(step=step, signal=name, path=path)
         exiting = self.config.on_preempt == "exit"
         if self.config.verbose:
@@ -587,8 +430,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             print(f"autockpt: {name} received; checkpoint of step {step} committed ({path}); {then}", flush=True)
         if exiting:
             self._stop_preemption()
-            self._drop_skipper()
-            self._require_stream().close()
+            self._require_exact().close()
             self._put_back_initial_epoch()
             raise Preempted(signum, step)
         handler.clear()
@@ -607,48 +449,21 @@ class AutoCheckpoint(keras.callbacks.Callback):
     def _save(self, step: int, reason: str, point: ResumePoint, *, epoch: int, batch: int | None) -> CheckpointEvent:
         """Snapshot the state and ``point`` (captured now) and hand the file to the writer."""
         session = self._require_session()
-        copier = self._require_copier()
-        steps_per_epoch = self.params.get("steps") if self.params else None
-        next_epoch = point.epoch
-        backend = self._backend
-        model = self.model
         sizes: list[int] = []
-
-        def snapshot(pool: Any) -> Any:
-            entries = collect_state(model)
-            arrays = copier(entries, pool)
-            sizes.append(sum(int(a.nbytes) for a in arrays.values()))
-            meta = file_metadata(
-                step=step,
-                epoch=epoch,
-                batch=batch,
-                next_epoch=next_epoch,
-                backend=backend,
-                keras_version=keras.__version__,
-                keys=list(arrays),
-                resume=point,
-            )
-            snap = make_snapshot(arrays, meta)
-            snap.mode = "sync"
-            return snap
-
-        manifest_meta = {
-            "backend": backend,
-            "keras_version": keras.__version__,
-            "batch": batch,
-            "next_epoch": next_epoch,
-            "batches_done": point.batches_done,
-            "steps_per_epoch": steps_per_epoch,
-        }
+        snapshot = state_snapshot(
+            self.model, self._require_copier(), self._backend, point, step=step, epoch=epoch, batch=batch, sizes=sizes
+        )
+        steps_per_epoch = self.params.get("steps") if self.params else None
+        meta = manifest_meta(self._backend, point, batch=batch, steps_per_epoch=steps_per_epoch)
         decision = session.last_decision
         interval = decision.interval if decision is not None else None
-        stall = session.save(step, epoch, snapshot, meta=manifest_meta, reason=reason)
+        stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
         self._last_saved_step = step
         event = CheckpointEvent(
             step=step,
             epoch=epoch,
             batch=batch,
-            next_epoch=next_epoch,
+            next_epoch=point.epoch,
             reason=reason,
             interval_steps=interval.steps if interval is not None else None,
             interval_rule=interval.rule if interval is not None else None,
@@ -658,20 +473,6 @@ class AutoCheckpoint(keras.callbacks.Callback):
         )
         self.events.append(event)
         return event
-
-    def _prepare_buffers(self) -> None:
-        """One copy into the session's buffers at the first step, before any checkpoint.
-
-        It allocates and faults in the reusable buffers (and traces TensorFlow's batched
-        read) while the profiler still ignores steps as warm-up, so each checkpoint's stall,
-        the first (profiling) one included, is the steady-state copy cost. No persist can be
-        reading the buffers yet.
-        """
-        session = self._require_session()
-        pool = session.buffers
-        pool.begin_round()
-        self._require_copier()(collect_state(self.model), pool)
-        pool.end_round()
 
     def _global_step(self) -> int:
         optimizer = getattr(self.model, "optimizer", None)
@@ -694,7 +495,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
         return self.session
 
-    def _require_stream(self) -> DataStream:
-        if self._stream is None:
+    def _require_exact(self) -> ExactResume:
+        if self._exact is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
-        return self._stream
+        return self._exact

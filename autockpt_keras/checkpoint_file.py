@@ -7,7 +7,7 @@ Tensors are stored under the keys of :mod:`autockpt_keras.state` (``model/...``,
 ``epoch`` (0-based epoch the step belongs to), ``batch`` (0-based batch index in that epoch,
 "-1" if unknown), ``next_epoch`` (the epoch ``fit()`` resumes at), ``backend``,
 ``keras_version``, ``variables`` (JSON list of the keys in collection order) and, from
-format version 2, ``resume``: the JSON of a :class:`~autockpt_keras.resume.ResumePoint` (the
+format version 2, ``resume``: the JSON of a :class:`~autockpt_keras.resume_point.ResumePoint` (the
 batch position in the data stream and the global generators' states), which exact mid-epoch
 resume needs. Version 1 files (no ``resume``) resume at the start of ``next_epoch``.
 
@@ -36,7 +36,7 @@ from autockpt_core import (
 )
 from autockpt_core.persist import Storage, location_of
 
-from .resume import ResumePoint
+from .resume_point import ResumePoint
 
 FRAMEWORK = "keras"
 SUFFIX = ".safetensors"

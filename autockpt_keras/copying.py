@@ -66,7 +66,7 @@ def buffer_pool_for(backend: str) -> BufferPool[Any] | None:
 
     if not torch.cuda.is_available():
         return None
-    from autockpt_torch.staging import numpy_pinned_pool
+    from autockpt_torch.host_buffers import numpy_pinned_pool
 
     return numpy_pinned_pool()
 

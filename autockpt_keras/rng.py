@@ -16,7 +16,7 @@ their state inside op kernels; user-created generator objects): see ``docs/relia
 
 Everything is plain JSON, so it goes into the safetensors header. Call order and threading:
 :func:`capture` and :func:`restore` run on the training thread, between steps, at matching
-points of the original and the resumed run (the callback's docstring says which).
+points of the original and the resumed run (:mod:`autockpt_keras.exact_resume` says which).
 """
 
 from __future__ import annotations

@@ -40,6 +40,13 @@ from rich.table import Table
 from ..units import format_size, parse_size
 from .workers.measure import parse_result
 
+#: Worker modules, each run as ``python -m MODULE`` in a fresh interpreter.
+WORKERS = {
+    "floors": "autockpt_core.cli.workers.floors",
+    "lightning": "autockpt_core.cli.workers.lightning_bench",
+    "keras": "autockpt_core.cli.workers.keras_bench",
+}
+
 HELP = "measure snapshot stall, persist throughput, memory and training slowdown vs the physical limits and baselines"
 
 DEFAULT_SIZES = "10MB,100MB,1GB,4GB"
@@ -143,7 +150,7 @@ def _bench_size(size: int, root: str, frameworks: list[str], args: argparse.Name
     directory = os.path.join(root, label)
     console.print(f"[bold]{label}[/bold]: floors", end="")
     entry: dict[str, Any] = {"nominal_bytes": size, "runs": []}
-    entry["floor"] = _worker("autockpt_core.cli.workers.floors", ["--bytes", str(size), "--dir", directory, "--reps", str(args.reps)], {}, args.timeout)
+    entry["floor"] = _worker(WORKERS["floors"], ["--bytes", str(size), "--dir", directory, "--reps", str(args.reps)], {}, args.timeout)
     checkpoints = max(args.checkpoints, int(MIN_STEPS * 10e6 / size) // args.every)
     entry["checkpoints"] = checkpoints
     train_args = ["--bytes", str(size), "--every", str(args.every), "--checkpoints", str(checkpoints)]
@@ -151,13 +158,13 @@ def _bench_size(size: int, root: str, frameworks: list[str], args: argparse.Name
     if "lightning" in frameworks:
         console.print(", isolated persist", end="")
         entry["persist"] = _worker(
-            "autockpt_core.cli.workers.lightning_bench", ["persist", "--bytes", str(size), "--dir", directory, "--reps", str(args.reps)],
+            WORKERS["lightning"], ["persist", "--bytes", str(size), "--dir", directory, "--reps", str(args.reps)],
             {}, args.timeout,
         )
     for rep in range(args.repeat):
         for framework, methods, module, env in (
-            ("lightning", LIGHTNING_METHODS, "autockpt_core.cli.workers.lightning_bench", threads_env),
-            ("keras", KERAS_METHODS, "autockpt_core.cli.workers.keras_bench", {"KERAS_BACKEND": args.keras_backend, **threads_env}),
+            ("lightning", LIGHTNING_METHODS, WORKERS["lightning"], threads_env),
+            ("keras", KERAS_METHODS, WORKERS["keras"], {"KERAS_BACKEND": args.keras_backend, **threads_env}),
         ):
             if framework not in frameworks:
                 continue

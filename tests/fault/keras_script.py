@@ -71,7 +71,7 @@ if ARGS.backend == "torch":
 
 import keras  # noqa: E402
 
-import autockpt_keras.callback as callback_module  # noqa: E402
+import autockpt_keras.snapshot as snapshot_module  # noqa: E402
 from autockpt_keras import AutoCheckpoint  # noqa: E402
 from tests.fault.child import FaultPlan, FaultStorage  # noqa: E402
 
@@ -152,13 +152,13 @@ class StepProbe(keras.callbacks.Callback):
 
 def _hook_snapshot() -> None:
     """Report the ``snapshot`` phase inside the callback's snapshot (after the copy)."""
-    original = callback_module.make_snapshot
+    original = snapshot_module.make_snapshot
 
     def make_snapshot(arrays: Any, meta: Any) -> Any:
         PLAN.hit("snapshot", step=int(meta["step"]))
         return original(arrays, meta)
 
-    callback_module.make_snapshot = make_snapshot  # type: ignore[assignment]
+    snapshot_module.make_snapshot = make_snapshot  # type: ignore[assignment]
 
 
 def main() -> int:

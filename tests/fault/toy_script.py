@@ -23,8 +23,8 @@ from typing import IO, Any
 import numpy as np
 
 from autockpt_core import CheckpointSession, Config, Preempted, PreemptionHandler, Snapshot, read_tensor_file
-from autockpt_core.rng import capture_rng, restore_rng
 from autockpt_core.persist.tensorfile import write_tensor_file
+from autockpt_core.rng import capture_rng, restore_rng
 from tests.fault.child import FaultPlan, FaultStorage
 
 SAMPLES, FEATURES, BATCH = 64, 6, 8

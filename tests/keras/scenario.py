@@ -328,7 +328,7 @@ def rng_roundtrip() -> dict[str, Any]:
 
 def input_checks() -> dict[str, Any]:
     """What the input inspection reports for reproducible and non-reproducible pipelines."""
-    from autockpt_keras.resume import inspect_inputs, tf_dataset_problems, torch_loader_problems
+    from autockpt_keras.input_checks import inspect_inputs, tf_dataset_problems, torch_loader_problems
 
     out: dict[str, Any] = {"no_iterator": list(inspect_inputs(None, keras.backend.backend()).problems)}
     if keras.backend.backend() == "tensorflow":

@@ -3,6 +3,7 @@ ratios and tables, and the command itself."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from autockpt_core.cli import bench as cli_bench
 from autockpt_core.cli import commands as cli
+from autockpt_core.cli import demo as cli_demo
 from autockpt_core.cli.workers import floors
 from autockpt_core.cli.workers import measure as bench
 
@@ -112,3 +114,10 @@ def test_stall_is_summed_per_checkpoint_interval() -> None:
     out = bench.stall_figures(hooks, marks, warm=4, every=10)
     assert out["checkpoints"] == 2
     assert out["stall_first_s"] == pytest.approx(0.6) and out["stall_s"] == pytest.approx(0.45)
+
+
+def test_every_worker_the_commands_start_exists() -> None:
+    modules = list(cli_bench.WORKERS.values()) + [argv[argv.index("-m") + 1] for argv in cli_demo.FRAMEWORKS.values()]
+    assert len(modules) == 5
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from autockpt_core.cli.workers import lightning_demo as demo  # noqa: E402
-from autockpt_lightning import latest_checkpoint  # noqa: E402
 from autockpt_lightning import demo as old_entry_point  # noqa: E402
+from autockpt_lightning import latest_checkpoint  # noqa: E402
 
 torch.set_num_threads(1)
 

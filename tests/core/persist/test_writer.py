@@ -2,7 +2,14 @@ import threading
 
 import pytest
 
-from autockpt_core import CheckpointWriteError, CheckpointWriter, LocalStorage, PersistJob, find_latest_valid, read_manifest
+from autockpt_core import (
+    CheckpointWriteError,
+    CheckpointWriter,
+    LocalStorage,
+    PersistJob,
+    find_latest_valid,
+    read_manifest,
+)
 from tests.faults import FailingStorage
 
 

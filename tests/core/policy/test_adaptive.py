@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from autockpt_core import CheckpointSession, Config, Snapshot
+from autockpt_core.persist.storage import LocalStorage
 from autockpt_core.policy.adaptive import AdaptiveTuner
 from autockpt_core.policy.adjusters import adjusters_from_config
 from autockpt_core.policy.dryrun import Scenario, constant, dry_run, switch
 from autockpt_core.policy.frontload import FrontLoadedSchedule
-from autockpt_core.persist.storage import LocalStorage
 
 MID, STEPS, BUDGET = 4000, 9000, 0.02
 CFG = Config(dirpath="x", overhead_budget=BUDGET)

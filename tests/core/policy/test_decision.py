@@ -3,9 +3,9 @@
 import pytest
 
 from autockpt_core import CheckpointSession, Config, ConfigError, Estimates
-from autockpt_core.policy.frontload import FrontLoadedSchedule
-from autockpt_core.policy.decision import Adjuster, CheckpointPolicy, IntervalChoice
 from autockpt_core.persist.storage import LocalStorage
+from autockpt_core.policy.decision import Adjuster, CheckpointPolicy, IntervalChoice
+from autockpt_core.policy.frontload import FrontLoadedSchedule
 
 READY = Estimates(iter_time_s=0.1, stall_s=0.01, persist_s=0.05, iterations_seen=100, checkpoints_seen=1)
 

@@ -7,11 +7,17 @@ import pytest
 
 from autockpt_core import Config, Estimates
 from autockpt_core.policy.adjusters import adjusters_from_config
+from autockpt_core.policy.decision import CheckpointPolicy, IntervalChoice
 from autockpt_core.policy.dryrun import Scenario, constant, dry_run
-from autockpt_core.policy.frontload import FrontLoadedSchedule, ValueModel, equal_count_steps, local_interval, schedule_steps
+from autockpt_core.policy.frontload import (
+    FrontLoadedSchedule,
+    ValueModel,
+    equal_count_steps,
+    local_interval,
+    schedule_steps,
+)
 from autockpt_core.policy.intervals import young_interval
 from autockpt_core.policy.losscurve import LossCurve, fit_loss_curve
-from autockpt_core.policy.decision import CheckpointPolicy, IntervalChoice
 from autockpt_core.policy.simulate import Failures, Job, simulate, uniform_positions
 
 H = 20_000  # steps in the run

@@ -1,0 +1,165 @@
+"""Skipping the batches a resumed epoch already trained: draw them, do not train on them.
+
+``fit()`` cannot start an epoch at batch b, so a resumed epoch runs from batch 0 and the
+callback makes its first b batches *skips*: :class:`SkipSteps` stands in for
+``model.train_function`` and, for those calls, only draws the batch from the data (as the
+interrupted run did) without training on it. Drawing instead of jumping keeps everything the
+data pipeline does per batch (its RNG draws, a ``PyDataset``'s ``__getitem__``, tf.data's
+random ops) in step with the uninterrupted run; it costs the data loading of those batches.
+Which batches are the same batches is :mod:`autockpt_keras.data_stream`'s part.
+
+Keras internals used (checked against Keras 3.15's TensorFlow and torch trainers):
+``model.train_function``, which ``fit()`` looks up at every batch, the epoch iterator's
+``_current_iterator`` and ``_steps_seen``, and ``model._symbolic_build`` (:func:`build_metrics`).
+
+Call order: :func:`unwrap_train_function` first in ``on_train_begin`` (a skip left installed
+by a failed ``fit()``); :func:`build_metrics` when the checkpoint is restored; a
+:class:`SkipSteps` installed in the resumed epoch's ``on_epoch_begin``, switched per batch in
+``on_train_batch_begin``, and uninstalled by its first real step or in ``on_train_end``.
+Everything here runs on the training thread, inside ``fit()``'s hooks and its
+``train_function`` calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+log = logging.getLogger("autockpt")
+
+
+class SkipSteps:
+    """Stands in for ``model.train_function`` while the resumed epoch's first batches are skipped.
+
+    ``fit()`` looks ``model.train_function`` up at every batch, so replacing it is enough.
+    The callback sets :attr:`skipping` in ``on_train_batch_begin``. A skipped call draws the
+    call's batches and returns the current metric results (:func:`current_logs`): on TensorFlow the call gets the
+    iterator and draws ``steps_per_execution`` batches itself; on torch ``fit()`` already
+    drew the batch. Before its first call, ``drop`` batches of the stream (earlier epochs of
+    a shared stream) are drawn and dropped. The first call that is not skipped puts the
+    original function back, runs ``before_first_step`` and then the original.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        drop: int = 0,
+        epoch_iterator: Any | None = None,
+        before_first_step: Callable[[], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.original = model.train_function
+        self.skipping = False
+        self.drop = int(drop)
+        self.epoch_iterator = epoch_iterator
+        self.before_first_step = before_first_step
+        self.skipped = 0
+        self.dropped = 0
+        self._metrics_built = False
+
+    def install(self) -> None:
+        self.model.train_function = self
+
+    def uninstall(self) -> None:
+        if self.model.train_function is self:
+            self.model.train_function = self.original
+
+    def __call__(self, data: Any) -> Any:
+        if self.drop:
+            data = self._drop(data)
+        if self.skipping:
+            self._draw(data)
+            self.skipped += 1
+            return current_logs(self.model)
+        self.uninstall()
+        if self.before_first_step is not None:
+            callback, self.before_first_step = self.before_first_step, None
+            callback()
+        return self.original(data)
+
+    def _draw(self, data: Any) -> None:
+        if isinstance(data, (list, tuple)):  # torch (and JAX): fit() already drew the batch
+            return
+        for i in range(_steps_per_execution(self.model)):
+            try:
+                batch = next(data)
+            except StopIteration:
+                if i == 0:
+                    raise
+                return
+            if i == 0 and not self._metrics_built:
+                self._metrics_built = build_metrics(self.model, None, batch)
+
+    def _drop(self, data: Any) -> Any:
+        n, self.drop = self.drop, 0
+        ei = self.epoch_iterator
+        if isinstance(data, (list, tuple)):
+            # torch: fit() drew the stream's first batch already; draw n more, keep the last.
+            iterator = getattr(ei, "_current_iterator", None) if ei is not None else None
+            if iterator is None:
+                raise RuntimeError("autockpt: cannot reach fit()'s data iterator to skip batches of earlier epochs")
+            batch = None
+            for _ in range(n):
+                batch = next(iterator)
+            data = [batch]
+        else:
+            for _ in range(n):
+                next(data)
+        if ei is not None:
+            ei._steps_seen += n  # Keras' own count of the stream, as in the interrupted run
+        self.dropped += n
+        return data
+
+
+def build_metrics(model: Any, epoch_iterator: Any | None, batch: Any = None) -> bool:
+    """Build the compiled metrics and losses of a TensorFlow model before its first step.
+
+    Without a distribution strategy, Keras' TensorFlow trainer builds them when the train
+    step is first traced, but a resumed epoch needs them before: their checkpoint values are
+    assigned in ``on_train_begin``, and an epoch that only skips ends with
+    ``model.get_metrics_result()``. Builds from ``batch`` or the input's ``element_spec``
+    (symbolically: no data is drawn, no generator advances). Returns True when built.
+    """
+    compiled = [getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None)]
+    if all(m is None or m.built for m in compiled):
+        return True
+    if batch is None:
+        batch = getattr(getattr(epoch_iterator, "_distributed_dataset", None), "element_spec", None)
+    if batch is None:
+        return False
+    try:
+        model._symbolic_build(data_batch=batch)
+    except Exception as exc:  # not fatal: the metrics are built by the first real step instead
+        log.info("autockpt: could not build the compiled metrics early: %s", exc)
+        return False
+    return True
+
+
+def current_logs(model: Any) -> dict[str, Any]:
+    """The results of the model's metrics that exist (compiled metrics are built by the first
+    real step on TensorFlow), as a skipped step's logs."""
+    logs: dict[str, Any] = {}
+    for metric in model.metrics:
+        try:
+            result = metric.result()
+        except ValueError:  # not built yet
+            continue
+        if isinstance(result, dict):
+            logs.update(result)
+        else:
+            logs[metric.name] = result
+    return logs
+
+
+def unwrap_train_function(model: Any) -> None:
+    """Put the original ``train_function`` back if a :class:`SkipSteps` was left installed
+    (a ``fit()`` that raised during the skip)."""
+    fn = getattr(model, "train_function", None)
+    while isinstance(fn, SkipSteps):
+        fn = fn.original
+        model.train_function = fn
+
+
+def _steps_per_execution(model: Any) -> int:
+    return int(getattr(model, "steps_per_execution", 1) or 1)

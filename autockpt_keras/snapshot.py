@@ -1,0 +1,81 @@
+"""Phase 1 for Keras: copy every variable into the session's reusable buffers and describe the
+checkpoint (file header, manifest entry). The copy is the only time training is blocked.
+
+Call order (training thread): :func:`prepare_buffers` once, at the first step (profiler
+warm-up); at each checkpoint the callback passes :func:`state_snapshot`'s callable to
+``session.save``, which runs it between ``pool.begin_round()`` and ``end_round()``; the
+returned :class:`~autockpt_core.Snapshot` is written later by the session's writer thread,
+reading the buffers only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+
+from autockpt_core import BufferPool, Snapshot
+
+from .checkpoint_file import file_metadata, make_snapshot
+from .copying import Copier
+from .resume_point import ResumePoint
+from .state import collect_state
+
+
+def state_snapshot(
+    model: Any,
+    copier: Copier,
+    backend: str,
+    point: ResumePoint,
+    *,
+    step: int,
+    epoch: int,
+    batch: int | None,
+    sizes: list[int],
+) -> Callable[[BufferPool[Any]], Snapshot]:
+    """The snapshot callable for ``session.save``: copies the state and ``point`` (captured by
+    the caller now) into a safetensors snapshot; appends the copied bytes to ``sizes``."""
+
+    def snapshot(pool: BufferPool[Any]) -> Snapshot:
+        arrays = copier(collect_state(model), pool)
+        sizes.append(sum(int(a.nbytes) for a in arrays.values()))
+        meta = file_metadata(
+            step=step,
+            epoch=epoch,
+            batch=batch,
+            next_epoch=point.epoch,
+            backend=backend,
+            keras_version=keras.__version__,
+            keys=list(arrays),
+            resume=point,
+        )
+        snap = make_snapshot(arrays, meta)  # this module's name: tests/fault/keras_script.py wraps it
+        snap.mode = "sync"
+        return snap
+
+    return snapshot
+
+
+def manifest_meta(backend: str, point: ResumePoint, *, batch: int | None, steps_per_epoch: int | None) -> dict[str, Any]:
+    """What the manifest records next to the file, for ``autockpt inspect`` and resume."""
+    return {
+        "backend": backend,
+        "keras_version": keras.__version__,
+        "batch": batch,
+        "next_epoch": point.epoch,
+        "batches_done": point.batches_done,
+        "steps_per_epoch": steps_per_epoch,
+    }
+
+
+def prepare_buffers(pool: BufferPool[Any], copier: Copier, model: Any) -> None:
+    """One copy into the session's buffers at the first step, before any checkpoint.
+
+    It allocates and faults in the reusable buffers (and traces TensorFlow's batched read)
+    while the profiler still ignores steps as warm-up, so each checkpoint's stall, the first
+    (profiling) one included, is the steady-state copy cost. No persist can be reading the
+    buffers yet.
+    """
+    pool.begin_round()
+    copier(collect_state(model), pool)
+    pool.end_round()
