@@ -82,7 +82,7 @@ from .exact_resume import ExactResume
 from .input_checks import InputReport, inspect_inputs
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
-from .snapshot import manifest_meta, prepare_buffers, state_snapshot
+from .snapshot import StateSnapshot, manifest_meta, prepare_buffers
 from .state import assign_state, collect_state, ensure_built
 
 log = logging.getLogger("autockpt")
@@ -449,9 +449,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
     def _save(self, step: int, reason: str, point: ResumePoint, *, epoch: int, batch: int | None) -> CheckpointEvent:
         """Snapshot the state and ``point`` (captured now) and hand the file to the writer."""
         session = self._require_session()
-        sizes: list[int] = []
-        snapshot = state_snapshot(
-            self.model, self._require_copier(), self._backend, point, step=step, epoch=epoch, batch=batch, sizes=sizes
+        snapshot = StateSnapshot(
+            self.model, self._require_copier(), self._backend, point, step=step, epoch=epoch, batch=batch
         )
         steps_per_epoch = self.params.get("steps") if self.params else None
         meta = manifest_meta(self._backend, point, batch=batch, steps_per_epoch=steps_per_epoch)
@@ -468,7 +467,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             interval_steps=interval.steps if interval is not None else None,
             interval_rule=interval.rule if interval is not None else None,
             stall_s=stall,
-            nbytes=sizes[0],
+            nbytes=snapshot.nbytes,
             batches_done=point.batches_done,
         )
         self.events.append(event)

@@ -151,7 +151,7 @@ def read_record(storage: Storage, record: CheckpointRecord) -> tuple[dict[str, n
         return read_local_file(path)
     with storage.open_read(record.name) as f:
         data = f.read()
-    return read_checkpoint_bytes(data, f"{storage.location.rstrip('/')}/{record.name}")
+    return read_checkpoint_bytes(data, location_of(storage, record.name))
 
 
 def latest_record(dirpath: str | os.PathLike[str]) -> tuple[Storage, CheckpointRecord | None]:

@@ -2,7 +2,7 @@
 checkpoint (file header, manifest entry). The copy is the only time training is blocked.
 
 Call order (training thread): :func:`prepare_buffers` once, at the first step (profiler
-warm-up); at each checkpoint the callback passes :func:`state_snapshot`'s callable to
+warm-up); at each checkpoint the callback passes a :class:`StateSnapshot` to
 ``session.save``, which runs it between ``pool.begin_round()`` and ``end_round()``; the
 returned :class:`~autockpt_core.Snapshot` is written later by the session's writer thread,
 reading the buffers only.
@@ -10,7 +10,7 @@ reading the buffers only.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import keras
 
@@ -22,38 +22,39 @@ from .resume_point import ResumePoint
 from .state import collect_state
 
 
-def state_snapshot(
-    model: Any,
-    copier: Copier,
-    backend: str,
-    point: ResumePoint,
-    *,
-    step: int,
-    epoch: int,
-    batch: int | None,
-    sizes: list[int],
-) -> Callable[[BufferPool[Any]], Snapshot]:
+class StateSnapshot:
     """The snapshot callable for ``session.save``: copies the state and ``point`` (captured by
-    the caller now) into a safetensors snapshot; appends the copied bytes to ``sizes``."""
+    the caller now) into a safetensors snapshot. ``nbytes``: the bytes it copied (0 until
+    called)."""
 
-    def snapshot(pool: BufferPool[Any]) -> Snapshot:
-        arrays = copier(collect_state(model), pool)
-        sizes.append(sum(int(a.nbytes) for a in arrays.values()))
+    def __init__(
+        self, model: Any, copier: Copier, backend: str, point: ResumePoint, *, step: int, epoch: int, batch: int | None
+    ) -> None:
+        self.model = model
+        self.copier = copier
+        self.backend = backend
+        self.point = point
+        self.step = step
+        self.epoch = epoch
+        self.batch = batch
+        self.nbytes = 0
+
+    def __call__(self, pool: BufferPool[Any]) -> Snapshot:
+        arrays = self.copier(collect_state(self.model), pool)
         meta = file_metadata(
-            step=step,
-            epoch=epoch,
-            batch=batch,
-            next_epoch=point.epoch,
-            backend=backend,
+            step=self.step,
+            epoch=self.epoch,
+            batch=self.batch,
+            next_epoch=self.point.epoch,
+            backend=self.backend,
             keras_version=keras.__version__,
             keys=list(arrays),
-            resume=point,
+            resume=self.point,
         )
         snap = make_snapshot(arrays, meta)  # this module's name: tests/fault/keras_script.py wraps it
         snap.mode = "sync"
+        self.nbytes = snap.nbytes
         return snap
-
-    return snapshot
 
 
 def manifest_meta(backend: str, point: ResumePoint, *, batch: int | None, steps_per_epoch: int | None) -> dict[str, Any]:
