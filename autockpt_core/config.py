@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Collection, Mapping, TypeVar, cast
 
 import tomllib
 import yaml
@@ -281,12 +282,16 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 
 
 def config_from_keywords(
-    dirpath: str | os.PathLike[str] | None, config: Config | None, keywords: Mapping[str, Any]
+    dirpath: str | os.PathLike[str] | None,
+    config: Config | None,
+    keywords: Mapping[str, Any],
+    explicit: Collection[str] | None = None,
 ) -> Config:
     """The Config an adapter's ``AutoCheckpoint(dirpath, config=..., **keywords)`` asks for.
 
     Without ``config``: ``Config(dirpath, **keywords)``. With it: ``config`` with the keywords
-    that differ from their defaults (and ``dirpath``, if given) applied on top. Keywords that
+    the caller passed (``explicit``, from :func:`records_explicit_keywords`; without it, those
+    that differ from their defaults) and ``dirpath``, if given, applied on top. Keywords that
     are not Config fields are ignored (adapters pass only their mirrored fields).
     """
     values = {k: v for k, v in keywords.items() if k in CONFIG_DEFAULTS}
@@ -299,7 +304,29 @@ def config_from_keywords(
             "config", config, "is not an autockpt Config",
             "pass autockpt_core.Config(...) or use AutoCheckpoint.from_config(path)",
         )
-    changed = {k: v for k, v in values.items() if v != CONFIG_DEFAULTS[k]}
+    if explicit is None:
+        changed = {k: v for k, v in values.items() if v != CONFIG_DEFAULTS[k]}
+    else:  # keep_last=3 overrides config.keep_last=5 even though 3 is the default
+        changed = {k: v for k, v in values.items() if k in explicit}
     if dirpath is not None:
         changed["dirpath"] = os.fspath(dirpath)
     return config.replace(**changed) if changed else config
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def records_explicit_keywords(init: _Init) -> _Init:
+    """Decorate an adapter's ``__init__``: ``self._explicit_keywords`` = the keywords passed.
+
+    So ``AutoCheckpoint(config=cfg, keep_last=3)`` can tell a keyword the user wrote from one
+    left at its default. ``functools.wraps`` keeps the signature visible to IDEs and
+    LightningCLI (``inspect.signature`` follows ``__wrapped__``).
+    """
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._explicit_keywords = frozenset(kwargs)
+        init(self, *args, **kwargs)
+
+    return cast(_Init, wrapper)

@@ -20,11 +20,20 @@ API (framework-free; both adapters use it)::
     ...
     handler.uninstall()         # at train end / on exception: previous handlers are back
 
+The same signal a second time while the first is still being acted on (not yet ``clear``-ed)
+is not deferred: the handler puts the previous dispositions back and delivers the signal
+again, so the default action (terminate) ends a job whose emergency checkpoint is stuck. (A
+different signal meanwhile, e.g. SIGTERM after SLURM's SIGUSR1 warning, is only counted.) Likewise, when
+``alive()`` (given to the constructor) says training is over, a signal is handed to the
+previous disposition: a ``fit()`` that raised without uninstalling cannot swallow signals.
+
 Chaining: ``install`` remembers the handlers that were installed before and calls a previous
-*Python* handler after setting the flag, so a framework's or the user's own handler still runs
-(Lightning's SIGTERM handler, for one, then stops the fit after the current step). A previous
+*Python* handler after setting the flag, so the user's own handler still runs (Lightning's
+SIGTERM handler is not chained: the Lightning adapter takes SIGTERM over from it). A previous
 ``SIG_DFL`` or ``SIG_IGN`` is not called: replacing "terminate now" with "checkpoint, then
-exit" is the point. ``uninstall`` puts the previous handlers back; if another component
+exit" is the point; nor is Python's SIGINT handler on the first SIGINT (it would raise
+``KeyboardInterrupt`` mid-step), nor another autockpt handler (one left installed by a
+``fit()`` that raised is skipped for the handler it had replaced). ``uninstall`` puts the previous handlers back; if another component
 installed its own handler on top of ours meanwhile, that one is left in place and ours only
 stops recording (it then forwards the signal as the previous handler would have handled it).
 
@@ -131,9 +140,16 @@ class PreemptionHandler:
     assigns two attributes (atomic under the GIL) and calls a chained previous handler.
     """
 
-    def __init__(self, signals: Iterable[str | int] = DEFAULT_SIGNALS, *, chain: bool = True) -> None:
+    def __init__(
+        self,
+        signals: Iterable[str | int] = DEFAULT_SIGNALS,
+        *,
+        chain: bool = True,
+        alive: Callable[[FrameType | None], bool] | None = None,
+    ) -> None:
         self.signals = signal_names(signals)
         self.chain = chain
+        self.alive = alive  # called in the handler with the interrupted frame
         self.signum: int | None = None  # the first signal since the last clear()
         self.count = 0  # signals received since install()
         self._previous: dict[int, _Handler] = {}
@@ -177,7 +193,7 @@ class PreemptionHandler:
         self._previous = {}
         for name in self.signals:
             signum = int(getattr(signal, name))
-            self._previous[signum] = signal.getsignal(signum)
+            self._previous[signum] = _unwrap(signal.getsignal(signum), signum)
             signal.signal(signum, self._handle)
         self._installed = True
         return True
@@ -193,6 +209,15 @@ class PreemptionHandler:
             if signal.getsignal(signum) == self._handle:
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
+    def owns(self, handler: object) -> bool:
+        """Whether ``handler`` (e.g. from ``signal.getsignal``) is this instance's handler."""
+        return handler == self._handle
+
+    def previous(self, signum: int) -> _Handler:
+        """The handler that was installed for ``signum`` before ``install`` (SIG_DFL if none)."""
+        previous = self._previous.get(int(signum))
+        return previous if previous is not None else signal.SIG_DFL
+
     def __enter__(self) -> "PreemptionHandler":
         self.install()
         return self
@@ -204,16 +229,39 @@ class PreemptionHandler:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         previous = self._previous.get(signum)
+        if self._installed and self.alive is not None and not self.alive(frame):
+            self.uninstall()  # training ended without uninstalling us (it raised)
         if not self._installed:
             # Stale: someone re-installed us after uninstall(). Behave as the previous handler.
-            if callable(previous):
-                previous(signum, frame)
-            elif previous in (signal.SIG_DFL, None):
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
+            _deliver(signum, frame, previous)
             return
         self.count += 1
+        if self.signum == signum:
+            # The same signal again before the first was acted on: the emergency checkpoint may
+            # be stuck. Give up the signals and let the previous disposition (default: terminate) act.
+            log.warning("autockpt: %s received again; no longer deferring it", signal.Signals(signum).name)
+            self.uninstall()
+            _deliver(signum, frame, previous)
+            return
         if self.signum is None:
             self.signum = signum
-        if self.chain and callable(previous):
+        # Python's SIGINT handler raises KeyboardInterrupt mid-step: the first SIGINT is ours alone.
+        if self.chain and callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
+
+
+def _unwrap(handler: _Handler, signum: int) -> _Handler:
+    """``handler``, or, when it is another PreemptionHandler's (one a ``fit()`` that raised left
+    installed), the handler that one replaced: autockpt handlers never chain to each other."""
+    while isinstance(getattr(handler, "__self__", None), PreemptionHandler):
+        handler = handler.__self__._previous.get(signum, signal.SIG_DFL)  # type: ignore[union-attr]
+    return handler
+
+
+def _deliver(signum: int, frame: FrameType | None, previous: _Handler) -> None:
+    """Handle ``signum`` as ``previous`` would: call it, ignore, or die by the default action."""
+    if callable(previous):
+        previous(signum, frame)
+    elif previous in (signal.SIG_DFL, None):
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

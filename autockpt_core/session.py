@@ -141,14 +141,14 @@ class CheckpointSession:
 
     # -- resume ---------------------------------------------------------------------------
 
-    def resume_record(self) -> CheckpointRecord | None:
-        """The newest checkpoint of this framework that verifies, if ``config.resume``."""
+    def resume_record(self, accept: Callable[[CheckpointRecord], bool] | None = None) -> CheckpointRecord | None:
+        """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``."""
         if not self.config.resume:
             return None
         removed = self.storage.cleanup_temporaries()
         if removed:
             log.info("autockpt: removed %d temporary file(s) left by an interrupted write", removed)
-        return find_latest_valid(self.storage, framework=self.framework)
+        return find_latest_valid(self.storage, framework=self.framework, accept=accept)
 
     def path_of(self, record: CheckpointRecord) -> str:
         """Local path of a record's file (raises for remote storage)."""

@@ -56,6 +56,7 @@ import math
 import os
 import signal
 import warnings
+from types import FrameType
 from typing import Any, Callable
 
 import keras
@@ -70,15 +71,15 @@ from autockpt_core import (
     RunSummary,
     Storage,
 )
-from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords
-from autockpt_core.persist import location_of
-from autockpt_core.preemption import exit_code
+from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
+from autockpt_core.emergency import commit_emergency
 
 from .checkpoint_event import CheckpointEvent
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, read_record
 from .copying import Copier, buffer_pool_for, copier_for
 from .data_stream import find_epoch_iterator
 from .exact_resume import ExactResume
+from .fit_frame import find_fit_frame
 from .input_checks import InputReport, inspect_inputs
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
@@ -164,6 +165,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
     :class:`~autockpt_core.PreemptionRecord` after a signal, else None).
     """
 
+    _explicit_keywords: frozenset[str] = frozenset()  # set by records_explicit_keywords
+
+    @records_explicit_keywords
     def __init__(
         self,
         dirpath: str | os.PathLike[str] | None = None,
@@ -192,7 +196,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         super().__init__()
         # The mirrored Config keywords, by name (the signature lists them for IDEs and LightningCLI).
         values = {name: value for name, value in locals().items() if name in CONFIG_DEFAULTS}
-        self.config: Config = config_from_keywords(dirpath, config, values)
+        self.config: Config = config_from_keywords(dirpath, config, values, self._explicit_keywords)
         self.save_on_train_end = bool(save_on_train_end)
         self.session: CheckpointSession | None = None
         self.inputs: InputReport | None = None
@@ -201,6 +205,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._backend = ""
         self._initial_epoch_to_put_back: tuple[Any] | None = None
         self._preemption: PreemptionHandler | None = None
+        self._fit_frame: FrameType | None = None  # the running fit()'s frame, while it runs
+        self._session_open = False  # session created by on_train_begin and not finished yet
         self._reset_fit_state()
 
     def _reset_fit_state(self) -> None:
@@ -239,11 +245,13 @@ class AutoCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._put_back_initial_epoch()  # left over if an earlier fit() failed before its first epoch
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
+        self._end_failed_fit()  # an earlier fit() that raised: its handlers and session
         backend = keras.backend.backend()
         self._backend = backend
         self.session = CheckpointSession(
             self.config, framework=FRAMEWORK, suffix=SUFFIX, storage=self._storage, buffers=buffer_pool_for(backend)
         )
+        self._session_open = True
         self._copier = copier_for(backend, self.model)
         if self.config.snapshot_mode in ("overlap", "device"):
             log.warning(
@@ -266,7 +274,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if record is not None:
             self._restore(record)
         if self.config.signals:
-            self._preemption = PreemptionHandler(self.config.signals)
+            # Keras has no hook for a fit() that raises: the handler checks that fit() still runs.
+            self._fit_frame = find_fit_frame(self.model)
+            self._preemption = PreemptionHandler(self.config.signals, alive=self._fit_is_running)
             self._preemption.install()
         self.session.start(self._global_step())
 
@@ -344,6 +354,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
                     )
                 else:
                     self._save_at_train_end(step, reason)
+            self._session_open = False
             self.summary = session.finish()
             preempted = self._preemption is not None and self._preemption.requested
             signum = self._preemption.signum if self._preemption is not None else None
@@ -416,28 +427,50 @@ class AutoCheckpoint(keras.callbacks.Callback):
         handler = self._preemption
         assert handler is not None and handler.signum is not None
         signum = handler.signum
-        name = signal.Signals(signum).name
         session = self._require_session()
         if not saved and step != self._last_saved_step:
-            self._save(step, f"preempted by {name}", point(), epoch=epoch, batch=batch)
-        session.flush()  # durable and listed in the manifest before we go on
-        record = session.writer.last_record
-        path = location_of(session.storage, record.name) if record is not None else None
-        self.preempted = PreemptionRecord(step=step, signal=name, path=path)
-        exiting = self.config.on_preempt == "exit"
-        if self.config.verbose:
-            then = f"exiting with status {exit_code(signum)}" if exiting else "training continues"
-            print(f"autockpt: {name} received; checkpoint of step {step} committed ({path}); {then}", flush=True)
-        if exiting:
+            self._save(step, f"preempted by {signal.Signals(signum).name}", point(), epoch=epoch, batch=batch)
+        self.preempted = commit_emergency(
+            session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose
+        )
+        if self.config.on_preempt == "exit":
             self._stop_preemption()
             self._require_exact().close()
             self._put_back_initial_epoch()
+            self._session_open = False
+            session.finish()
             raise Preempted(signum, step)
         handler.clear()
 
     def _stop_preemption(self) -> None:
         if self._preemption is not None:
             self._preemption.uninstall()
+        self._fit_frame = None
+
+    def _fit_is_running(self, frame: FrameType | None) -> bool:
+        """In the signal handler: whether the ``fit()`` this callback serves is on the stack."""
+        fit_frame = self._fit_frame
+        if fit_frame is None:
+            return True  # not found at on_train_begin: assume it runs (the old behaviour)
+        while frame is not None:
+            if frame is fit_frame:
+                return True
+            frame = frame.f_back
+        self._fit_frame = None
+        return False
+
+    def _end_failed_fit(self) -> None:
+        """Uninstall the handlers and finish the session an earlier ``fit()`` left when it raised.
+
+        Its in-flight persist completes; a persist error is logged, not raised (that fit is over).
+        """
+        self._stop_preemption()
+        if self.session is not None and self._session_open:
+            self._session_open = False
+            try:
+                self.session.finish()
+            except Exception as exc:
+                log.error("autockpt: the checkpoint in flight when the previous fit() failed was not persisted: %s", exc)
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -20,16 +20,24 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from autockpt_core import CheckpointSession, ResumeNotExactWarning
-from autockpt_core.persist import location_of
+from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
+from autockpt_core.persist import CheckpointRecord, location_of
+from autockpt_core.persist.manifest import commit_order
 
 from . import resume as _resume
+from .distributed import raise_if_any_failed
+
+FINAL_REASON = "end of training"
+CONTINUES_EXACTLY = "continues_exactly"
+"""Manifest meta of a final checkpoint: False when Lightning cannot continue from it exactly."""
 
 
 def load_newest(trainer: pl.Trainer, session: CheckpointSession | None, verbose: bool) -> int | None:
-    """Restore modules and callbacks from the newest valid checkpoint; returns its step (rank 0).
+    """Restore modules and callbacks from the newest valid checkpoint; returns its step (every rank).
 
-    ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts.
+    ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts. An
+    error on any rank (an unreadable manifest, a locked or unwritable dirpath, a checkpoint
+    that does not fit the model) is raised on every rank.
     Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer already trained.
     """
     # Auto-resume route (lightning 2.6). Trainer._run restores modules and callbacks from
@@ -51,26 +59,89 @@ def load_newest(trainer: pl.Trainer, session: CheckpointSession | None, verbose:
         return None
     path: str | None = None
     resumed: int | None = None
+    error: BaseException | None = None
     if session is not None:
-        record = session.resume_record()
-        if record is not None:
-            path = location_of(session.storage, record.name)
-            resumed = record.step
-            if verbose:
-                print(f"autockpt: resuming from step {record.step}: {path}", flush=True)
+        try:
+            record = session.resume_record()
+            if record is not None and not record.meta.get(CONTINUES_EXACTLY, True) and _more_to_train(trainer, record):
+                record = _before_final(session, record, verbose)
+        except Exception as exc:  # every rank raises it (raise_if_any_failed), none waits for rank 0
+            error = exc
+        else:
+            if record is not None:
+                path = location_of(session.storage, record.name)
+                resumed = record.step
+                if verbose:
+                    print(f"autockpt: resuming from step {record.step}: {path}", flush=True)
+    raise_if_any_failed(trainer, error)
     if trainer.world_size > 1:
-        path = trainer.strategy.broadcast(path, src=0)
+        path, resumed = trainer.strategy.broadcast((path, resumed), src=0)
     if path is None:
         return resumed
     # Our own file, verified against the manifest's checksum: full unpickling is needed
     # for hparams such as argparse.Namespace, as with any Lightning .ckpt you trust.
     # (Lightning releases before `weights_only` existed always unpickled fully.)
     restore = connector._restore_modules_and_callbacks
-    if "weights_only" in inspect.signature(restore).parameters:
-        restore(path, weights_only=False)
-    else:  # pragma: no cover - older Lightning
-        restore(path)
+    error = None
+    try:
+        if "weights_only" in inspect.signature(restore).parameters:
+            restore(path, weights_only=False)
+        else:  # pragma: no cover - older Lightning
+            restore(path)
+    except RuntimeError as exc:
+        error = _not_this_model(exc, path) if "state_dict" in str(exc) else exc
+    except Exception as exc:
+        error = exc
+    raise_if_any_failed(trainer, error)  # a rank that cannot read the file must not leave the others waiting
     return resumed
+
+
+def _more_to_train(trainer: pl.Trainer, record: CheckpointRecord) -> bool:
+    """Whether this fit's limits go beyond the checkpoint (its step, the epochs it completed)."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_steps is not None and max_steps >= 0 and record.step >= max_steps:
+        return False
+    return not (max_epochs is not None and max_epochs >= 0 and (record.epoch or 0) >= max_epochs)
+
+
+def _before_final(session: CheckpointSession, final: CheckpointRecord, verbose: bool) -> CheckpointRecord:
+    """The checkpoint to continue from when the newest is a final one Lightning cannot continue exactly.
+
+    A final checkpoint taken at an epoch's end holds the finished model, but Lightning does not
+    continue bitwise exactly from an epoch's end; a run with more epochs therefore resumes from
+    the newest checkpoint before it (and trains those steps again). Without one, it resumes from
+    the final checkpoint with a :class:`~autockpt_core.ResumeNotExactWarning`.
+    """
+    earlier = session.resume_record(accept=lambda r: commit_order(r) < commit_order(final))
+    if earlier is None:
+        warnings.warn(
+            f"autockpt: resuming from the final checkpoint of step {final.step} (an epoch's end) to train "
+            "further: Lightning does not continue bitwise exactly from an epoch's end, and no earlier "
+            "checkpoint is left (keep_last). Weights, optimizer and step are restored.",
+            ResumeNotExactWarning,
+            stacklevel=3,
+        )
+        return final
+    if verbose:
+        print(
+            f"autockpt: training beyond the final checkpoint of step {final.step}: continuing from step "
+            f"{earlier.step} instead, from which the run continues bitwise exactly",
+            flush=True,
+        )
+    return earlier
+
+
+def _not_this_model(exc: RuntimeError, path: str) -> AutockptError:
+    """torch's raw ``load_state_dict`` error, said in terms of the checkpoint and the fix."""
+    detail = str(exc).strip().splitlines()
+    first = " ".join(line.strip() for line in detail[:3])
+    error = AutockptError(
+        f"autockpt cannot resume from {path}: the checkpoint does not fit this model ({first}). "
+        "The model changed since the checkpoint was written. Fix: restore the model definition the "
+        "checkpoint was written from, or start fresh with resume=False or another dirpath."
+    )
+    error.__cause__ = exc
+    return error
 
 
 def apply_exact_state(

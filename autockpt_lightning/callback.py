@@ -5,35 +5,47 @@ core policy. Call order (all on the training thread)::
 
     __init__            build and validate the Config (a bad value raises ConfigError here)
     setup("fit")        check the strategy is supported (single device or DDP)
-    on_fit_start        create the session (global rank 0); when fit() got no ckpt_path and
-                        resume=True, restore the newest valid checkpoint (all ranks)
+    on_fit_start        create the session (global rank 0); install the preemption signal
+                        handlers and take SIGTERM over from Lightning's signal connector
+                        (signals.py: its handler would stop training before the emergency
+                        checkpoint and run a collective inside the handler); when fit() got
+                        no ckpt_path and resume=True, restore the newest valid checkpoint
+                        (all ranks; an error on any rank is raised on every rank)
     load_state_dict     (inside the restore) keep this callback's entry: RNG states per rank,
                         ResumableSampler positions, batches Lightning fetched ahead
     on_train_start      apply that entry (samplers first, RNG last: the train iterator was
                         created after the restore and drew from the generators);
-                        session.start(global_step); install the preemption signal handlers
-                        (after Lightning's own, which they chain to)
+                        session.start(global_step); a signal that arrived during the resume
+                        or the sanity check ends the run here (nothing trained to save)
     on_train_batch_end  once per optimizer step (global_step advanced; gradient accumulation
-                        skips the other batches): session.step_end(step, loss); when it says
-                        save: session.save(...), whose snapshot callable runs
-                        dump_checkpoint() and copies every tensor into the session's reusable
-                        host buffers before the hook returns (snapshot_mode "overlap" and
-                        "device": parameters and optimizer state are copied during the next
-                        step instead); torch.save() of that copy runs in the session's
-                        background writer thread, after the copy completed
+                        skips the other batches): session.step_end(step, loss); under DDP one
+                        all-reduce carries rank 0's decision, any rank's signal and any rank's
+                        failure (distributed.py); when it says save: session.save(...), whose
+                        snapshot callable runs dump_checkpoint() and copies every tensor into
+                        the session's reusable host buffers before the hook returns
+                        (snapshot_mode "overlap" and "device": parameters and optimizer state
+                        are copied during the next step instead); torch.save() of that copy
+                        runs in the session's background writer thread
     on_before_optimizer_step  session.before_update(): the next optimizer step waits for an
                         overlapping copy (CheckFreq's rule; nothing to wait for in "sync")
     on_train_batch_end  (also) a checkpoint due at the last batch of an epoch or right before
                         validation is taken one step later (Lightning cannot resume exactly
-                        from there); after a signal: an emergency checkpoint of this step,
-                        session.flush() (durable), then raise Preempted (exit status 128 +
-                        signal number) or continue (config.on_preempt)
+                        from there; rank 0 decides); after a signal: an emergency checkpoint
+                        of this step, committed (durable) before going on, then Preempted
+                        (exit status 128 + signal number) or training continues
+                        (config.on_preempt). A signal during validation or at an epoch's end
+                        is acted on at the next step boundary the same way (validation runs
+                        to its end; a second signal terminates the process at once)
     state_dict          (inside dump_checkpoint) RNG of every rank (gathered before the dump),
                         sampler positions = batches training finished × batch size
-    on_train_end        uninstall the signal handlers; session.finish() (waits for the last
-                        persist, raises its error), logs
-                        the metrics and prints the summary line when verbose
-    on_exception        uninstall the signal handlers; waits for the in-flight persist; a
+    on_train_end        the final checkpoint of the trained model (save_on_train_end; not
+                        when the newest checkpoint already holds this step or the last loss
+                        is NaN/inf); session.finish() (waits for the last persist, raises
+                        its error on every rank); the summary line when verbose
+    on_fit_end          uninstall the signal handlers; a rerun that had nothing left to train
+                        says so; a signal that came after the last step still ends the run
+                        with 128 + signal number (the trained model is committed)
+    on_exception        uninstall the signal handlers; wait for the in-flight persist; a
                         persist error is logged and never replaces the exception that stopped
                         training
 
@@ -46,17 +58,20 @@ the train loader is stateful (torchdata ``StatefulDataLoader``) or a ``DataLoade
 Distributed training: only global rank 0 owns a session, measures, decides and writes. Every
 other rank follows: the decision is agreed with one small all-reduce per optimizer step and
 all ranks call ``dump_checkpoint`` together (as ``trainer.save_checkpoint`` requires), but
-only rank 0 copies and writes. The resume path is broadcast from rank 0. Limitations:
-sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused, since they write sharded
-checkpoints through their own save path; ``dirpath`` must be readable by every rank for
-resume; a persist error raised on rank 0 stops rank 0 only and the other ranks rely on the
-launcher to tear them down. Tested on one process and on two CPU processes (gloo DDP).
+only rank 0 copies and writes. The resume path is broadcast from rank 0. A signal that reaches
+any one rank stops every rank at the same step after one committed checkpoint; an error on
+any one rank (a persist error, a bad manifest, a failed allocation) is raised on every rank
+(:class:`~autockpt_lightning.distributed.RankFailedError` on the others, with its message).
+Limitations: sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused, since they
+write sharded checkpoints through their own save path; ``dirpath`` must be readable by every
+rank for resume. Tested on one process and on two CPU processes (gloo DDP).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import warnings
@@ -78,17 +93,17 @@ from autockpt_core import (
     Snapshot,
     Storage,
 )
-from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords
-from autockpt_core.persist import location_of
-from autockpt_core.preemption import exit_code
+from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
+from autockpt_core.emergency import commit_emergency
 from autockpt_torch import TorchSnapshotter, save_tree, torch_buffer_pool
 from autockpt_torch.staging import optimizer_owned
 
 from . import resume as _resume
-from .auto_resume import apply_exact_state, load_newest
+from .auto_resume import CONTINUES_EXACTLY, FINAL_REASON, apply_exact_state, load_newest
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
-from .distributed import agree, check_strategy, warn_if_slurm_requeue
+from .distributed import agree, check_strategy, raise_agreed_failure, raise_if_any_failed, warn_if_slurm_requeue
 from .events import CheckpointEvent
+from .signals import hand_back, take_sigterm
 
 __all__ = ["AutoCheckpoint", "CheckpointEvent", "PreemptionRecord", "latest_checkpoint"]
 
@@ -118,12 +133,21 @@ class AutoCheckpoint(Callback):
     ``dirpath``, listed with checksums in ``autockpt-manifest.json``. The default
     ``ModelCheckpoint`` can stay enabled: the two never touch each other's files.
 
+    ``save_on_train_end`` (default True): when ``fit()`` ends normally, checkpoint the trained
+    model, so ``latest_checkpoint(dirpath)`` is the final weights and rerunning the finished
+    command trains nothing (and says so). Lightning does not continue bitwise exactly from an
+    epoch's end, so a rerun with more epochs continues from the checkpoint before a final one
+    taken there (those steps are trained again), or warns when none is left.
+
     Attributes (global rank 0, for the current or last fit):
         events: the checkpoints taken, as :class:`CheckpointEvent` records.
         resumed_from: the step auto-resume restored, or None.
         session: the :class:`CheckpointSession` (estimates, last decision, summary).
     """
 
+    _explicit_keywords: frozenset[str] = frozenset()  # set by records_explicit_keywords
+
+    @records_explicit_keywords
     def __init__(
         self,
         dirpath: str | Path | None = None,
@@ -146,12 +170,14 @@ class AutoCheckpoint(Callback):
         on_preempt: str = _DEFAULTS["on_preempt"],
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
         config: Config | None = None,
+        save_on_train_end: bool = True,
         storage: Storage | None = None,
     ) -> None:
         super().__init__()
         # The mirrored Config keywords, by name (the signature lists them for IDEs and LightningCLI).
         values = {name: value for name, value in locals().items() if name in CONFIG_DEFAULTS}
-        self.config = config_from_keywords(dirpath, config, values)
+        self.config = config_from_keywords(dirpath, config, values, self._explicit_keywords)
+        self.save_on_train_end = bool(save_on_train_end)
         self._storage = storage
         self._session: CheckpointSession | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
@@ -178,6 +204,9 @@ class AutoCheckpoint(Callback):
         self._trainer: pl.Trainer | None = trainer
         self._deferred_from: int | None = None  # a checkpoint due at an unclean boundary ...
         self._deferred_reason: str | None = None  # ... is taken at the next step
+        self._trained = False  # an optimizer step ran in this fit
+        self._saved_step: int | None = None  # the step of the newest checkpoint (saved or resumed)
+        self._last_loss: float | None = None
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
@@ -198,8 +227,10 @@ class AutoCheckpoint(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._session = self._new_session() if trainer.is_global_zero else None
         self._reset_fit_state(trainer)
+        self._start_preemption(trainer)  # a signal during the resume or the sanity check counts too
         if self.config.resume:
             self.resumed_from = load_newest(trainer, self._session, self.config.verbose)
+        self._saved_step = self.resumed_from
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Samplers, then RNG: nothing may draw after it.
@@ -211,11 +242,11 @@ class AutoCheckpoint(Callback):
         self._last_step = trainer.global_step
         if self._session is not None:
             self._session.start(trainer.global_step)
-        # After Lightning's own handlers (registered before the train loop), so ours chain to them.
-        self._preemption = PreemptionHandler(self.config.signals) if self.config.signals else None
-        if self._preemption is not None:
-            self._preemption.install()
-            warn_if_slurm_requeue(trainer)
+        signum = self._signum()
+        if trainer.world_size > 1 and self.config.signals:
+            signum = agree(trainer, signum=signum).signum
+        if signum is not None:  # during the resume or the sanity check: nothing trained yet
+            self._on_preempted(trainer, trainer.global_step, signum, saved=False)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator states per rank and ResumableSampler positions (inside dump_checkpoint)."""
@@ -240,20 +271,32 @@ class AutoCheckpoint(Callback):
         if step == self._last_step:  # accumulating gradients: no optimizer step in this batch
             return
         self._last_step = step
+        self._trained = True
         session = self._session
         decision: Decision | None = None
+        error: BaseException | None = None
         if session is not None:
-            decision = session.step_end(step, loss=_loss_value(outputs))
+            self._last_loss = _loss_value(outputs)
+            try:
+                decision = session.step_end(step, loss=self._last_loss)
+            except Exception as exc:  # a background write error: every rank stops with it
+                error = exc
         save = decision is not None and decision.save
         reason = decision.reason if decision is not None else ""
-        signum = self._preemption.signum if self._preemption is not None else None
-        if trainer.world_size > 1:  # rank 0 decided; the others follow; any rank may be signalled
-            save, signum = agree(trainer, save, signum)
+        signum = self._signum()
+        # Decided once, on rank 0, and agreed: ranks never disagree on where a checkpoint goes.
+        unclean = trainer.is_global_zero and not _resume.at_clean_boundary(trainer)
+        if trainer.world_size > 1:  # rank 0 decides; the others follow; any rank may be signalled or fail
+            agreed = agree(trainer, save=save, unclean=unclean, signum=signum, failed=error is not None)
+            raise_agreed_failure(trainer, agreed.failed_rank, error)
+            save, unclean, signum = agreed.save, agreed.unclean, agreed.signum
+        elif error is not None:
+            raise error
         deferred_from, deferred_reason = self._deferred_from, self._deferred_reason
         self._deferred_from = self._deferred_reason = None
         if deferred_reason is not None and not save:
             save, reason = True, f"{deferred_reason} (deferred from step {deferred_from})"
-        if (save or signum is not None) and deferred_from is None and not _resume.at_clean_boundary(trainer):
+        if (save or signum is not None) and deferred_from is None and unclean:
             # Lightning cannot resume exactly from the last batch of an epoch or from right
             # before a validation run: take this checkpoint one step later (same on all ranks).
             self._deferred_from, self._deferred_reason = step, (reason if save else None)
@@ -267,26 +310,50 @@ class AutoCheckpoint(Callback):
             self._on_preempted(trainer, step, signum, saved=save)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stop_preemption()
-        session = self._session
-        if session is None or self._finished:
-            return
-        self._finished = True
-        summary = session.finish()  # waits for the last persist; raises CheckpointWriteError
-        self._log_metrics(trainer, session)
-        if self.config.verbose:
-            print(summary.line(), flush=True)
+        """The final checkpoint (unless the newest one holds this step), then finish the session."""
+        step = trainer.global_step
+        final = self.save_on_train_end and self._trained and step != self._saved_step
+        loss = self._last_loss
+        if final and trainer.is_global_zero and loss is not None and not math.isfinite(loss):
+            warnings.warn(
+                f"autockpt: no final checkpoint: the last loss is {loss}; the newest checkpoint stays "
+                f"step {self._saved_step}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            final = False
+        # At an epoch's end Lightning does not continue bitwise exactly (see at_clean_boundary):
+        # a rerun with more epochs resumes from the checkpoint before this one (auto_resume.py).
+        unclean = trainer.is_global_zero and not _resume.at_clean_boundary(trainer)
+        if trainer.world_size > 1:
+            agreed = agree(trainer, save=final, unclean=unclean)
+            final, unclean = agreed.save, agreed.unclean
+        self._deferred_from = self._deferred_reason = None
+        if final:
+            self._checkpoint(trainer, step, FINAL_REASON, meta={CONTINUES_EXACTLY: not unclean})
+        self._finish_session(trainer, raise_errors=True)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Uninstall the handlers; report a rerun that had nothing left to train; act on a late signal."""
+        late_signal = self._signum()
+        self._stop_preemption(trainer)
+        if not self._trained and self.resumed_from is not None and trainer.is_global_zero:
+            message = (
+                f"autockpt: nothing left to train: the checkpoint of step {self.resumed_from} already "
+                f"reached the end of this fit (max_epochs={trainer.max_epochs}, max_steps={trainer.max_steps}); "
+                "raise max_epochs or max_steps to train on"
+            )
+            log.info(message)
+            if self.config.verbose:
+                print(message, flush=True)
+        self._finish_session(trainer, raise_errors=True)  # when training was skipped: release it
+        if late_signal is not None and self.config.on_preempt == "exit":
+            # The signal came after the last step: training is complete and committed.
+            raise Preempted(late_signal, trainer.global_step)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._stop_preemption()
-        session = self._session
-        if session is None or self._finished:
-            return
-        self._finished = True
-        try:
-            session.finish()  # let the in-flight persist complete: it may be the newest state
-        except Exception as err:  # never replace the exception that stopped training
-            log.error("autockpt: the checkpoint in flight when training failed was not persisted: %s", err)
+        self._stop_preemption(trainer)
+        self._finish_session(trainer, raise_errors=False)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -308,43 +375,89 @@ class AutoCheckpoint(Callback):
             storage=self._storage,
         )
 
-    def _checkpoint(self, trainer: pl.Trainer, step: int, reason: str) -> None:
-        """``_save`` with every rank's generator states gathered first (all ranks call this)."""
-        self._rng_for_save = _resume.gather_rng(trainer)  # read by state_dict() inside dump_checkpoint
+    def _finish_session(self, trainer: pl.Trainer, raise_errors: bool) -> None:
+        """Wait for the last persist and summarise (rank 0); once per fit.
+
+        ``raise_errors``: a persist error is raised on every rank (normal end), or only
+        logged, never replacing the exception that stopped training (``on_exception``).
+        """
+        if self._finished:
+            return
+        self._finished = True
+        session = self._session
+        error: BaseException | None = None
+        if session is not None:
+            try:
+                summary = session.finish()  # waits for the last persist; raises CheckpointWriteError
+            except Exception as exc:
+                error = exc
+            else:
+                self._log_metrics(trainer, session)
+                if self.config.verbose and self._trained and raise_errors:
+                    print(summary.line(), flush=True)
+        if not raise_errors:
+            if error is not None:
+                log.error("autockpt: the checkpoint in flight when training failed was not persisted: %s", error)
+            return
+        raise_if_any_failed(trainer, error)
+
+    def _checkpoint(self, trainer: pl.Trainer, step: int, reason: str, meta: dict[str, Any] | None = None) -> None:
+        """``_save`` with every rank's generator states gathered first; all ranks call this.
+
+        A failure on any rank (allocating the buffers, a previous persist's error) is raised on
+        every rank.
+        """
+        # read by state_dict() inside dump_checkpoint
+        self._rng_for_save = _resume.gather_rng(trainer)
+        error: BaseException | None = None
         try:
-            self._save(trainer, step, reason)
+            self._save(trainer, step, reason, meta)
+        except Exception as exc:
+            error = exc
         finally:
             self._rng_for_save = None
+        raise_if_any_failed(trainer, error)
+        self._saved_step = step
+
+    def _signum(self) -> int | None:
+        return self._preemption.signum if self._preemption is not None else None
 
     def _on_preempted(self, trainer: pl.Trainer, step: int, signum: int, saved: bool) -> None:
         """A signal arrived: commit a checkpoint of this step (durable), then exit or continue.
 
-        All ranks call this at the same step boundary (the signal was agreed in ``_agree``).
+        All ranks call this at the same point (the signal was agreed); nothing is saved when
+        the newest checkpoint already holds this step (or nothing was trained yet).
         """
         name = signal.Signals(signum).name
-        if not saved:
+        if not saved and step != self._saved_step and (self._trained or self.resumed_from is not None):
             self._checkpoint(trainer, step, f"preempted by {name}")
-        session = self._session
-        path = None
-        if session is not None:
-            session.flush()  # durable and listed in the manifest before we go on
-            record = session.writer.last_record
-            path = location_of(session.storage, record.name) if record is not None else None
-        if trainer.world_size > 1:
-            trainer.strategy.barrier("autockpt-preempted")
-        self.preempted = PreemptionRecord(step=step, signal=name, path=path)
-        exiting = self.config.on_preempt == "exit"
-        if session is not None and self.config.verbose:
-            then = f"exiting with status {exit_code(signum)}" if exiting else "training continues"
-            print(f"autockpt: {name} received; checkpoint of step {step} committed ({path}); {then}", flush=True)
-        if exiting:
-            self._stop_preemption()
+        error: BaseException | None = None
+        try:
+            self.preempted = commit_emergency(
+                self._session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose
+            )
+        except Exception as exc:
+            error = exc
+        raise_if_any_failed(trainer, error)
+        if self.config.on_preempt == "exit":
+            self._stop_preemption(trainer)
             raise Preempted(signum, step)
         if self._preemption is not None:
             self._preemption.clear()
 
-    def _stop_preemption(self) -> None:
-        if self._preemption is not None:
+    def _start_preemption(self, trainer: pl.Trainer) -> None:
+        """Install the handlers (main thread); take SIGTERM over from Lightning (``signals.py``)."""
+        self._stop_preemption(trainer)  # left from an earlier fit that did not end through our hooks
+        self._preemption = PreemptionHandler(self.config.signals) if self.config.signals else None
+        if self._preemption is not None and self._preemption.install():
+            if "SIGTERM" in self._preemption.signals:
+                take_sigterm(trainer)
+            warn_if_slurm_requeue(trainer)
+
+    def _stop_preemption(self, trainer: pl.Trainer | None) -> None:
+        if trainer is not None:
+            hand_back(trainer, self._preemption)
+        elif self._preemption is not None:
             self._preemption.uninstall()
         if self._hidden_lightning_warning is not None:
             with contextlib.suppress(ValueError):
@@ -352,7 +465,7 @@ class AutoCheckpoint(Callback):
                 getattr(warnings, "_filters_mutated", lambda: None)()
             self._hidden_lightning_warning = None
 
-    def _save(self, trainer: pl.Trainer, step: int, reason: str) -> None:
+    def _save(self, trainer: pl.Trainer, step: int, reason: str, meta: dict[str, Any] | None = None) -> None:
         connector = trainer._checkpoint_connector
         session = self._session
         if session is None:  # other ranks take part in the collectives of dump_checkpoint
@@ -371,15 +484,16 @@ class AutoCheckpoint(Callback):
             tree, copied_bytes, pending = snapshotter.snapshot(
                 connector.dump_checkpoint(weights_only=False), buffers, deferrable
             )
-            # The manifest's CRC-32 covers the whole file: skip torch's second, per-record one.
+            # With the zip's own per-record CRC-32 (a second pass in the writer thread, on top
+            # of the manifest's): without it zip tools reject the file (docs/benchmarks.md).
             return Snapshot(
-                write=lambda f: save_tree(tree, f, zip_crc32=False),
+                write=lambda f: save_tree(tree, f),
                 nbytes=copied_bytes,
                 pending=pending,
                 mode=snapshotter.mode,
             )
 
-        stall = session.save(step, trainer.current_epoch, snapshot, reason=reason)
+        stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
         interval = session.last_decision.interval if session.last_decision is not None else None
         self.events.append(
             CheckpointEvent(

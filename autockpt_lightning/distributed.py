@@ -2,12 +2,15 @@
 one all-reduce per step that keeps the ranks in agreement, and the SLURM requeue check.
 
 Call order (training thread, every rank): ``check_strategy`` in ``setup("fit")``;
-``warn_if_slurm_requeue`` in ``on_train_start``; ``agree`` after every optimizer step when
-``world_size > 1`` (all ranks call it together: it is a collective).
+``warn_if_slurm_requeue`` in ``on_fit_start``; ``agree`` after every optimizer step (and after
+every validation batch while signals are handled) when ``world_size > 1``, and
+``raise_if_any_failed`` after every step that can fail on one rank only (a checkpoint, the
+resume, the end of training). All are collectives: every rank calls them together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import lightning.pytorch as pl
@@ -15,6 +18,10 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from autockpt_core import AutockptError, ResumeNotExactWarning
+
+
+class RankFailedError(AutockptError):
+    """Raised on every rank of a distributed fit when another rank failed (its message inside)."""
 
 
 def check_strategy(trainer: pl.Trainer) -> None:
@@ -31,11 +38,61 @@ def check_strategy(trainer: pl.Trainer) -> None:
         )
 
 
-def agree(trainer: pl.Trainer, save: bool, signum: int | None) -> tuple[bool, int | None]:
-    """One all-reduce: save if rank 0 decided so; preempt if any rank received a signal."""
-    values = torch.tensor([int(save), signum or 0], device=trainer.strategy.root_device)
-    agreed = trainer.strategy.reduce(values, reduce_op="max")
-    return bool(agreed[0].item()), (int(agreed[1].item()) or None)
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """What every rank does at this step boundary (the same on all ranks)."""
+
+    save: bool  # rank 0's decision
+    unclean: bool  # rank 0's view: this boundary cannot be resumed exactly (defer by one step)
+    signum: int | None  # a signal any rank received (the largest number if several)
+    failed_rank: int | None  # the highest-numbered rank that failed before this point, if any
+
+
+def agree(
+    trainer: pl.Trainer, *, save: bool = False, unclean: bool = False, signum: int | None = None, failed: bool = False
+) -> Agreement:
+    """One all-reduce (every rank calls it): rank 0's decisions, any rank's signal and failure.
+
+    ``save`` and ``unclean`` count on global rank 0 only, so ranks whose clocks or loop views
+    differ never disagree; ``signum`` and ``failed`` count on every rank.
+    """
+    rank0 = trainer.is_global_zero
+    values = torch.tensor(
+        [int(save and rank0), int(unclean and rank0), signum or 0, trainer.global_rank + 1 if failed else 0],
+        device=trainer.strategy.root_device,
+    )
+    agreed = trainer.strategy.reduce(values, reduce_op="max").tolist()
+    return Agreement(
+        save=bool(agreed[0]),
+        unclean=bool(agreed[1]),
+        signum=int(agreed[2]) or None,
+        failed_rank=int(agreed[3]) - 1 if agreed[3] else None,
+    )
+
+
+def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> None:
+    """Collective: when any rank has an ``error``, every rank raises (world size 1: re-raise it).
+
+    The failing rank re-raises its own exception; the others raise a :class:`RankFailedError`
+    with the same message, so no rank is left waiting in a collective for one that stopped.
+    """
+    if trainer.world_size <= 1:
+        if error is not None:
+            raise error
+        return
+    failed_rank = agree(trainer, failed=error is not None).failed_rank
+    raise_agreed_failure(trainer, failed_rank, error)
+
+
+def raise_agreed_failure(trainer: pl.Trainer, failed_rank: int | None, error: BaseException | None) -> None:
+    """After an agreement that reported ``failed_rank``: its message is broadcast, every rank raises."""
+    if failed_rank is None:
+        return
+    message = f"{type(error).__name__}: {error}" if error is not None else None
+    message = trainer.strategy.broadcast(message, src=failed_rank)
+    if error is not None and trainer.global_rank == failed_rank:
+        raise error
+    raise RankFailedError(f"autockpt: rank {failed_rank} stopped training, so every rank stops: {message}")
 
 
 def warn_if_slurm_requeue(trainer: pl.Trainer) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .checksum import checksum_stream
 from .storage import Storage, WriteResult
@@ -121,10 +121,17 @@ def verify(storage: Storage, record: CheckpointRecord) -> str | None:
     return None
 
 
-def find_latest_valid(storage: Storage, framework: str | None = None) -> CheckpointRecord | None:
-    """The newest checkpoint whose file verifies; corrupt newer ones are skipped with a warning."""
+def find_latest_valid(
+    storage: Storage, framework: str | None = None, accept: Callable[[CheckpointRecord], bool] | None = None
+) -> CheckpointRecord | None:
+    """The newest checkpoint whose file verifies; corrupt newer ones are skipped with a warning.
+
+    ``accept``: only records it returns True for are considered (checked before verifying).
+    """
     for record in reversed(read_manifest(storage)):
         if framework is not None and record.framework != framework:
+            continue
+        if accept is not None and not accept(record):
             continue
         problem = verify(storage, record)
         if problem is None:

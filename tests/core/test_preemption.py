@@ -86,3 +86,74 @@ def test_preempted_exits_with_128_plus_signal() -> None:
     exc = Preempted(signal.SIGTERM, step=12)
     assert isinstance(exc, SystemExit) and exc.code == exit_code(signal.SIGTERM) == 143
     assert exc.signal_name == "SIGTERM" and exc.step == 12
+
+
+def test_the_same_signal_twice_falls_back_to_the_previous_disposition(restore_usr_handlers: Any) -> None:
+    seen: list[int] = []
+    previous = lambda signum, frame: seen.append(signum)  # noqa: E731
+    signal.signal(signal.SIGUSR1, previous)
+    signal.signal(signal.SIGUSR2, previous)  # (SIG_DFL would end this test process)
+    handler = PreemptionHandler(["SIGUSR1", "SIGUSR2"])
+    handler.install()
+    signal.raise_signal(signal.SIGUSR2)
+    signal.raise_signal(signal.SIGUSR1)  # another signal while SIGUSR2 is pending: counted only
+    assert handler.installed and handler.signum == signal.SIGUSR2 and handler.count == 2
+    signal.raise_signal(signal.SIGUSR2)  # the same one again: ours are gone, the previous one acts
+    assert not handler.installed and handler.count == 3
+    assert seen == [signal.SIGUSR2, signal.SIGUSR1, signal.SIGUSR2]
+    assert signal.getsignal(signal.SIGUSR1) is previous and signal.getsignal(signal.SIGUSR2) is previous
+
+
+def test_the_same_signal_after_clear_is_a_new_request(restore_usr_handlers: Any) -> None:
+    signal.signal(signal.SIGUSR1, lambda s, f: None)
+    handler = PreemptionHandler(["SIGUSR1"])
+    handler.install()
+    signal.raise_signal(signal.SIGUSR1)
+    handler.clear()  # on_preempt="continue": acted on
+    signal.raise_signal(signal.SIGUSR1)
+    assert handler.installed and handler.requested
+    handler.uninstall()
+
+
+def test_a_handler_whose_training_ended_hands_the_signal_on(restore_usr_handlers: Any) -> None:
+    seen: list[str] = []
+    signal.signal(signal.SIGUSR1, lambda s, f: seen.append("previous"))
+    running = [True]
+    handler = PreemptionHandler(["SIGUSR1"], alive=lambda frame: running[0])
+    handler.install()
+    signal.raise_signal(signal.SIGUSR1)
+    assert handler.requested and seen == ["previous"]
+    handler.clear()
+    running[0] = False  # fit() raised without uninstalling
+    signal.raise_signal(signal.SIGUSR1)
+    assert not handler.requested and not handler.installed and seen == ["previous", "previous"]
+
+
+def test_first_sigint_is_deferred_and_the_second_raises_keyboard_interrupt() -> None:
+    saved = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        handler = PreemptionHandler(["SIGINT"])
+        handler.install()
+        signal.raise_signal(signal.SIGINT)  # no KeyboardInterrupt mid-step
+        assert handler.requested
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
+def test_a_handler_left_by_a_failed_fit_is_not_chained(restore_usr_handlers: Any) -> None:
+    seen: list[str] = []
+    user = lambda s, f: seen.append("user")  # noqa: E731
+    signal.signal(signal.SIGUSR1, user)
+    left = PreemptionHandler(["SIGUSR1"], alive=lambda frame: False)
+    left.install()  # never uninstalled: its fit() raised
+    handler = PreemptionHandler(["SIGUSR1"])
+    handler.install()
+    assert handler.previous(signal.SIGUSR1) is user
+    signal.raise_signal(signal.SIGUSR1)
+    assert handler.requested and seen == ["user"]
+    handler.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is user

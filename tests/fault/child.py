@@ -12,6 +12,8 @@ Phases, and where the script reports them:
 =============  ==========================================================================
 ``step``       the script calls ``plan.hit("step", step=s)`` inside every training step;
                ``at`` is the global step (0-based, before the step's update)
+``val``        Lightning script: inside every validation step of fit() (``step`` = global step)
+``sanity``     Lightning script: inside every validation step of the sanity check
 ``snapshot``   the script calls ``plan.hit("snapshot")`` inside the snapshot (phase 1)
 ``persist``    ``FaultStorage``: the checkpoint file is half written (temporary name)
 ``commit``     ``FaultStorage``: the file is renamed into place, the manifest not yet written
@@ -39,7 +41,7 @@ from autockpt_core import MANIFEST_NAME, LocalStorage, WriteResult
 
 PLAN_ENV = "AUTOCKPT_FAULT_PLAN"
 LOG_ENV = "AUTOCKPT_FAULT_LOG"
-PHASES = ("step", "snapshot", "persist", "commit", "retention")
+PHASES = ("step", "val", "sanity", "snapshot", "persist", "commit", "retention")
 ACTIONS = ("kill", "sigterm", "enospc", "eacces")
 
 

@@ -45,6 +45,7 @@ class Net(pl.LightningModule):
         return F.mse_loss(self.net(x), y)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
+        PLAN.hit("sanity" if self.trainer.sanity_checking else "val", step=self.trainer.global_step)
         x, y = batch
         self.log("val_loss", F.mse_loss(self.net(x), y))
 
@@ -116,6 +117,7 @@ def train(
     extra_callbacks: tuple[pl.Callback, ...] = (),
     model_cls: type[Net] = Net,
     ckpt_path: str | None = None,
+    sanity: int = 0,
     **callback_kwargs: Any,
 ) -> tuple[Net, pl.Trainer, AutoCheckpoint | None]:
     """Seed, build and fit; returns the model, the trainer and the callback (None for baseline)."""
@@ -134,7 +136,7 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        num_sanity_val_steps=0,
+        num_sanity_val_steps=sanity,
         limit_val_batches=2 if val else 0,
         default_root_dir=root or dirpath,
         callbacks=[*([callback] if callback else []), *extra_callbacks],
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--async-persist", type=int, default=1)
+    parser.add_argument("--sanity", type=int, default=0, help="validation batches of the sanity check")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -168,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         every=args.every,
         val=args.val,
         async_persist=bool(args.async_persist),
+        sanity=args.sanity,
         root=os.path.dirname(os.path.abspath(args.out)),
     )
     tmp = args.out + ".tmp.npz"

@@ -81,3 +81,22 @@ def test_in_process_baseline_equals_the_subprocess_baseline(tmp_path: Path) -> N
     args = ["--loader", "stateful", "--val", "--epochs", "3", "--every", "2"]
     model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader="stateful", val=True, epochs=3)
     assert_weights_equal(weights_of(model), run_baseline(COMMAND, tmp_path, extra_args=args))
+
+
+def test_sigterm_in_the_sanity_check_before_the_first_checkpoint_and_in_validation(tmp_path: Path) -> None:
+    """SIGTERM at three more points of fit(), each in a real process: every run ends 143 with
+    the work up to the signal committed (never exit 0), and the final weights are exact."""
+    args = ["--loader", "stateful", "--val", "--epochs", "3", "--every", "5", "--sanity", "2"]
+    model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader="stateful", val=True, epochs=3)
+    expected = weights_of(model)
+    plans = [
+        {"phase": "sanity", "nth": 1, "action": "sigterm"},  # before training: nothing to save
+        {"phase": "step", "at": 1, "action": "sigterm"},  # before the first periodic checkpoint (5)
+        {"phase": "val", "nth": 1, "action": "sigterm"},  # validation after step 12: acted on at 13
+    ]
+    result = run_until_done(COMMAND, tmp_path / "ck", tmp_path / "w.npz", plans=plans, extra_args=args)
+    result.assert_faults_happened()
+    assert [a.returncode for a in result.attempts] == [143, 143, 143, 0], result.report()
+    assert [a.newest_step for a in result.attempts[:3]] == [None, 2, 13], result.report()
+    assert "SIGTERM received; nothing trained since step 0" in result.attempts[0].output
+    assert_weights_equal(result.weights, expected)

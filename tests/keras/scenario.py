@@ -284,7 +284,6 @@ def preempt_and_continue(workdir: Path) -> dict[str, Any]:
                 os.kill(os.getpid(), signal.SIGUSR1)
 
     x, y = data()
-    previous = signal.getsignal(signal.SIGUSR1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=True, verbose=0, callbacks=[auto, SignalAtStep()])
@@ -293,7 +292,9 @@ def preempt_and_continue(workdir: Path) -> dict[str, Any]:
         "preempted": None if record is None else {"step": record.step, "signal": record.signal},
         "events": [(e.step, e.reason, e.batches_done) for e in auto.events],
         "iterations": int(model.optimizer.iterations.numpy()),
-        "handler_restored": signal.getsignal(signal.SIGUSR1) == previous,
+        # The handler before fit() may be one a failed fit() left (storage_failure): ours skips
+        # it, so what is back afterwards is the process's original SIG_DFL.
+        "handler_restored": signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
         "manifest_steps": [r.step for r in read_manifest(storage_for(dirpath))],
         "not_exact_warnings": [str(w.message) for w in caught if issubclass(w.category, ResumeNotExactWarning)],
     }

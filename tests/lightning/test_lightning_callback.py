@@ -7,6 +7,7 @@ import inspect
 import sys
 import threading
 import warnings
+import zipfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -16,7 +17,8 @@ import torch
 from lightning.pytorch.loggers.logger import Logger
 
 import autockpt_lightning
-from autockpt_core import CheckpointWriteError, Config, ConfigError, LocalStorage, WriteResult, read_manifest
+from autockpt_core import AutockptError, CheckpointWriteError, Config, ConfigError, LocalStorage, WriteResult, read_manifest
+from autockpt_core.config import CONFIG_DEFAULTS
 from autockpt_core.persist.storage import storage_for
 from autockpt_lightning import AutoCheckpoint, latest_checkpoint
 from tests.faults import FailingStorage
@@ -122,6 +124,10 @@ def test_config_object_and_file(tmp_path: Path) -> None:
     assert AutoCheckpoint(config=base).config == base
     overridden = AutoCheckpoint(tmp_path / "b", keep_last=5, config=base).config
     assert (overridden.dirpath, overridden.keep_last, overridden.every_n_steps) == (str(tmp_path / "b"), 5, 7)
+    # A keyword written by the user wins even when it equals its default (keep_last=3).
+    five = Config(dirpath=str(tmp_path / "a"), keep_last=5)
+    assert AutoCheckpoint(config=five, keep_last=CONFIG_DEFAULTS["keep_last"]).config.keep_last == 3
+    assert AutoCheckpoint(config=five).config.keep_last == 5
 
     yaml_file = tmp_path / "autockpt.yaml"
     yaml_file.write_text(f"autockpt:\n  dirpath: {tmp_path / 'c'}\n  overhead_budget: 1%\n")
@@ -147,7 +153,8 @@ def test_loss_is_read_from_training_step_outputs() -> None:
 @pytest.mark.integration
 def test_rerun_resumes_weights_optimizer_and_step_with_default_model_checkpoint(tmp_path: Path) -> None:
     ckpts = tmp_path / "autockpt"
-    first = AutoCheckpoint(ckpts, every_n_steps=10)
+    # No final checkpoint: the newest is step 20, older than ModelCheckpoint's step-25 file.
+    first = AutoCheckpoint(ckpts, every_n_steps=10, save_on_train_end=False)
     trainer = make_trainer(tmp_path, [first], max_steps=25)  # default ModelCheckpoint stays enabled
     trainer.fit(TinyModel(), TinyData())
     assert [e.step for e in first.events] == [10, 20]
@@ -219,7 +226,8 @@ def test_second_fit_on_the_same_trainer_continues_in_memory(tmp_path: Path) -> N
     trainer.fit_loop.epoch_loop.max_steps = 16
     trainer.fit(model, data)
     assert recorder.start_step == 12 and cb.resumed_from is None  # not rolled back to step 10
-    assert [e.step for e in cb.events] == [15]
+    assert [e.step for e in cb.events] == [15, 16]  # 16: the final checkpoint
+    assert cb.events[-1].reason == "end of training"
 
 
 @pytest.mark.integration
@@ -231,6 +239,8 @@ def test_ckpt_files_load_in_lightning_and_user_ckpt_path_wins(tmp_path: Path) ->
 
     restored = TinyModel.load_from_checkpoint(step_file(ckpts, 10))
     assert restored.hparams.hidden == 12
+    with zipfile.ZipFile(step_file(ckpts, 10)) as archive:  # a valid zip: every record's CRC-32 matches
+        assert archive.testzip() is None
     assert_state_equal(restored.state_dict(), saved["state_dict"])
 
     # A user-given ckpt_path wins over auto-resume (which would pick step 15).
@@ -240,7 +250,7 @@ def test_ckpt_files_load_in_lightning_and_user_ckpt_path_wins(tmp_path: Path) ->
     trainer.fit(TinyModel(hidden=12), TinyData(), ckpt_path=str(step_file(ckpts, 10)))
     assert recorder.start_step == 10 and cb.resumed_from is None
     assert_state_equal(recorder.start_weights, saved["state_dict"])
-    assert [e.step for e in cb.events] == [15]
+    assert [e.step for e in cb.events] == [15, 17]  # 17: the final checkpoint
 
 
 @pytest.mark.integration
@@ -249,8 +259,8 @@ def test_every_n_steps_spacing_and_logged_metrics(tmp_path: Path) -> None:
     cb = AutoCheckpoint(tmp_path / "ck", every_n_steps=4, keep_last=10)
     trainer = make_trainer(tmp_path, [cb], max_steps=18, logger=logger, enable_checkpointing=False)
     trainer.fit(TinyModel(), TinyData())
-    assert [e.step for e in cb.events] == [4, 8, 12, 16]
-    assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == [4, 8, 12, 16]
+    assert [e.step for e in cb.events] == [4, 8, 12, 16, 18]  # 18: the final checkpoint
+    assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == [4, 8, 12, 16, 18]
     for step in (4, 8, 12, 16):
         assert load(step_file(tmp_path / "ck", step))["global_step"] == step
     logged = {step: row for step, row in logger.rows if "autockpt/checkpoints" in row}
@@ -280,7 +290,8 @@ def test_budget_driven_checkpoints_are_spaced_as_the_policy_reported(tmp_path: P
     trainer = make_trainer(tmp_path, [cb, recorder], max_steps=400, logger=logger, enable_checkpointing=False)
     trainer.fit(TinyModel(), TinyData(samples=4096))
 
-    steps = [e.step for e in cb.events]
+    assert cb.events[-1].step == 400 and cb.events[-1].reason == "end of training"
+    steps = [e.step for e in cb.events[:-1]]
     reasons = {e.step: e.reason for e in cb.events}
     assert cb.events[0].reason.startswith("profiling")
     assert len(steps) >= 3, [(e.step, e.reason) for e in cb.events]
@@ -299,9 +310,9 @@ def test_budget_driven_checkpoints_are_spaced_as_the_policy_reported(tmp_path: P
                 # deferred while the previous persist runs, or paused to re-measure clean steps
                 assert "deferred" in before.reason or "re-profiling" in before.reason, (q, before)
         assert logged[cur]["autockpt/interval_steps"] == decision.interval.steps
-    event = cb.events[-1]
+    event = cb.events[-2]
     assert event.interval_steps == recorder.decisions[event.step].interval.steps
-    assert cb.session is not None and cb.session.summary().checkpoints == len(steps)
+    assert cb.session is not None and cb.session.summary().checkpoints == len(steps) + 1
 
 
 @pytest.mark.integration
@@ -397,8 +408,8 @@ def test_lightning_cli_yaml_class_path(tmp_path: Path, monkeypatch: pytest.Monke
     cli = LightningCLI(TinyModel, TinyData, args=["fit", "--config", str(good)], save_config_callback=None)
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, AutoCheckpoint)]
     assert cb.config.every_n_steps == 3 and cb.config.mtbf == 6 * 3600
-    assert [e.step for e in cb.events] == [3, 6]
-    assert latest_checkpoint(tmp_path / "ck") == str(step_file(tmp_path / "ck", 6))
+    assert [e.step for e in cb.events] == [3, 6, 7]  # 7: the final checkpoint
+    assert latest_checkpoint(tmp_path / "ck") == str(step_file(tmp_path / "ck", 7))
 
     bad = write_config(f"        dirpath: {tmp_path / 'ck'}\n        overhead_budget: 2\n")
     with pytest.raises(ValueError, match="overhead_budget=2"):
@@ -415,3 +426,15 @@ def test_latest_checkpoint_skips_a_corrupt_newest_file(tmp_path: Path) -> None:
     newest.write_bytes(newest.read_bytes()[:-10])
     with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
         assert latest_checkpoint(tmp_path / "ck") == str(step_file(tmp_path / "ck", 2))
+
+
+@pytest.mark.integration
+def test_resuming_into_a_changed_model_names_the_checkpoint_and_the_fix(tmp_path: Path) -> None:
+    ckpts = tmp_path / "ck"
+    make_trainer(tmp_path, [AutoCheckpoint(ckpts, every_n_steps=5)], max_steps=5).fit(TinyModel(hidden=16), TinyData())
+    trainer = make_trainer(tmp_path, [AutoCheckpoint(ckpts, every_n_steps=5)], max_steps=10)
+    with pytest.raises(AutockptError) as info:
+        trainer.fit(TinyModel(hidden=12), TinyData())
+    message = str(info.value)
+    assert "ckpt-step000000005.ckpt" in message and "does not fit this model" in message
+    assert "size mismatch" in message and "resume=False or another dirpath" in message

@@ -93,7 +93,7 @@ def resume_and_compare(tmp_path: Path, loader: str, steps: list[int], epochs: in
     ckpts = tmp_path / "every"
     _, _, cb = train(str(ckpts), loader=loader, val=True, epochs=epochs, every=1, keep_last=1000)
     assert cb is not None
-    saved = {e.step for e in cb.events}
+    saved = {e.step for e in cb.events if e.reason != "end of training"}
     # Deferred: never at the last batch of an epoch (validation follows it) ...
     assert not {STEPS_PER_EPOCH * e for e in range(1, epochs + 1)} & saved
     for step in steps:
@@ -195,7 +195,7 @@ def test_on_preempt_continue_checkpoints_and_trains_on(tmp_path: Path) -> None:
         ckpts, val=True, epochs=2, every=100, keep_last=5, on_preempt="continue", model_cls=signal_at(4, signal.SIGUSR1)
     )
     assert cb is not None and cb.preempted is not None and (cb.preempted.step, cb.preempted.signal) == (5, "SIGUSR1")
-    assert trainer.global_step == 2 * STEPS_PER_EPOCH and steps_of(Path(ckpts)) == [5]
+    assert trainer.global_step == 2 * STEPS_PER_EPOCH and steps_of(Path(ckpts)) == [5, 2 * STEPS_PER_EPOCH]
     assert_weights_equal(weights_of(model), baseline(tmp_path))
 
 
@@ -279,3 +279,101 @@ def test_lightning_slurm_auto_requeue_is_warned_about(
     assert len(slurm) == (1 if auto_requeue else 0)
     if auto_requeue:
         assert "SLURMEnvironment(auto_requeue=False)" in slurm[0]
+
+
+# -- the end of training ---------------------------------------------------------------------------
+
+
+def test_final_checkpoint_holds_the_trained_model_and_a_rerun_trains_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpts = str(tmp_path / "ck")
+    model, trainer, cb = train(ckpts, val=True, epochs=2, every=5)
+    assert cb is not None and cb.events[-1].reason == "end of training"
+    assert steps_of(Path(ckpts))[-1] == 2 * STEPS_PER_EPOCH  # not 20: the trained model itself
+    final = torch.load(latest_checkpoint(ckpts), weights_only=False)
+    for name, value in model.state_dict().items():
+        assert torch.equal(final["state_dict"][name], value), name
+
+    capsys.readouterr()
+    _, again, cb2 = train(ckpts, val=True, epochs=2, every=5)
+    assert cb2 is not None and cb2.resumed_from == 2 * STEPS_PER_EPOCH and cb2.events == []
+    assert again.global_step == 2 * STEPS_PER_EPOCH
+    assert "nothing left to train: the checkpoint of step 24 already reached the end" in capsys.readouterr().out
+    assert steps_of(Path(ckpts))[-1] == 2 * STEPS_PER_EPOCH
+
+
+def test_more_epochs_after_the_final_checkpoint_continue_bitwise_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning does not continue exactly from an epoch's end: the checkpoint before the final one is used."""
+    ckpts = str(tmp_path / "ck")
+    train(ckpts, val=True, epochs=2, every=5)
+    final = read_manifest(storage_for(ckpts))[-1]
+    assert (final.step, final.epoch, final.meta["continues_exactly"]) == (24, 2, False)
+    capsys.readouterr()
+    model, trainer, cb = train(ckpts, val=True, epochs=3, every=5)
+    assert cb is not None and cb.resumed_from == 20
+    assert "training beyond the final checkpoint of step 24: continuing from step 20" in capsys.readouterr().out
+    assert_weights_equal(weights_of(model), baseline(tmp_path, epochs=3))
+
+
+def test_more_epochs_with_only_the_final_checkpoint_left_warn(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+    train(ckpts, val=True, epochs=2, every=100)
+    with pytest.warns(ResumeNotExactWarning, match="final checkpoint of step 24"):
+        _, trainer, cb = train(ckpts, val=True, epochs=3, every=100)
+    assert cb is not None and cb.resumed_from == 24 and trainer.global_step == 3 * STEPS_PER_EPOCH
+
+
+def test_signal_during_validation_commits_the_next_step_and_exits_143(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+
+    class SignalInValidation(Net):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            if self.trainer.global_step == STEPS_PER_EPOCH and batch_idx == 0:
+                signal.raise_signal(signal.SIGTERM)
+            super().validation_step(batch, batch_idx)
+
+    with pytest.raises(SystemExit) as info:
+        train(ckpts, val=True, epochs=2, every=5, model_cls=SignalInValidation)
+    assert info.value.code == 143  # never 0 (Lightning's own SIGTERMException exits 0)
+    newest = read_manifest(storage_for(ckpts))[-1]
+    assert newest.step == STEPS_PER_EPOCH + 1 and newest.meta["reason"] == "preempted by SIGTERM"
+    model, _, cb = train(ckpts, val=True, epochs=2, every=5)
+    assert cb is not None and cb.resumed_from == STEPS_PER_EPOCH + 1
+    assert_weights_equal(weights_of(model), baseline(tmp_path))
+
+
+def test_second_signal_ends_the_process_by_the_default_action(tmp_path: Path) -> None:
+    """A stuck emergency checkpoint cannot hold a job: the second SIGTERM terminates it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal, time\n"
+        "from autockpt_core import PreemptionHandler\n"
+        "h = PreemptionHandler(('SIGTERM',)); h.install()\n"
+        "signal.raise_signal(signal.SIGTERM)\n"
+        "assert h.requested\n"
+        "print('first recorded', flush=True)\n"
+        "signal.raise_signal(signal.SIGTERM)\n"
+        "time.sleep(5)\n"
+        "print('still alive', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM and "first recorded" in done.stdout
+    assert "still alive" not in done.stdout
+
+
+def test_sigint_when_configured_is_a_preemption_not_a_keyboard_interrupt(tmp_path: Path) -> None:
+    ckpts = str(tmp_path / "ck")
+    saved = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as info:
+            train(ckpts, val=True, epochs=2, every=100, signals=("SIGINT",), model_cls=signal_at(4, signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    assert info.value.code == 130  # 128 + SIGINT, after the checkpoint; no KeyboardInterrupt mid-step
+    newest = read_manifest(storage_for(ckpts))[-1]
+    assert newest.step == 5 and newest.meta["reason"] == "preempted by SIGINT"

@@ -50,7 +50,7 @@ def test_checkpoints_hold_the_state_of_their_step(tmp_path: Path, mode: str) -> 
     assert session is not None and session.summary().copy_mode == mode
     assert auto._snapshotter.mode == mode
     paths = {r.step: session.path_of(r) for r in session.records()}
-    assert sorted(paths) == [4, 8, 12]
+    assert sorted(paths) == [4, 8, 12, 14]  # 14: the final checkpoint
     for step in (4, 8, 12):
         ckpt = torch.load(paths[step], weights_only=False)
         for key, value in recorder.captured[step].items():

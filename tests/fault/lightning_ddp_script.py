@@ -1,0 +1,83 @@
+"""DDP training script for the Lightning fault tests: 2 CPU ranks (gloo), one process each.
+
+``python -m tests.fault.lightning_ddp_script ROOT STEPS FAULT``
+
+Rank 0 is this process; Lightning starts rank 1 as a child process running the same command.
+``FAULT`` is one of:
+
+- ``none``;
+- ``sigterm-rank1@N``: rank 1 sends itself SIGTERM inside training step N (rank 0 gets no signal);
+- ``persist-error``: rank 0's checkpoint writes fail (ENOSPC) from the second checkpoint on;
+- ``bad-manifest``: an unreadable manifest in the checkpoint directory (only rank 0 reads it).
+
+Each rank writes one line ``RESULT rank=R code=C stopped=S saved=[...] error=...`` as it ends
+(C: the exit status it ends with; S: the step it stopped at after a signal; saved: rank 0's
+checkpoints) to ``ROOT/result-rank<R>.txt`` and exits with that status.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+
+torch.set_num_threads(1)
+
+from autockpt_lightning import AutoCheckpoint  # noqa: E402
+from tests.faults import FailingStorage  # noqa: E402
+from tests.lightning.lightning_helpers import TinyData, TinyModel, make_trainer  # noqa: E402
+
+
+class SignalOnRank1(TinyModel):
+    AT = -1
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_rank == 1 and self.trainer.global_step == self.AT:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+class ArmAfterFirstCheckpoint(FailingStorage):
+    def write_atomic(self, name: str, write: Any) -> Any:
+        result = super().write_atomic(name, write)
+        if name.endswith(".ckpt"):
+            self.armed = True
+        return result
+
+
+def main() -> int:
+    root, steps, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    model: TinyModel = TinyModel()
+    storage = None
+    if fault.startswith("sigterm-rank1@"):
+        SignalOnRank1.AT = int(fault.split("@")[1])
+        model = SignalOnRank1()
+    elif fault == "bad-manifest":
+        os.makedirs(root + "/ck", exist_ok=True)
+        with open(root + "/ck/autockpt-manifest.json", "w") as f:
+            f.write("{not json")
+    elif fault == "persist-error":
+        storage = ArmAfterFirstCheckpoint(root + "/ck", error=OSError(errno.ENOSPC, "No space left on device"))
+    cb = AutoCheckpoint(root + "/ck", every_n_steps=5, verbose=True, storage=storage)
+    trainer = make_trainer(root, [cb], steps, strategy="ddp", devices=2, enable_checkpointing=False)
+    code, error = 0, ""
+    try:
+        trainer.fit(model, TinyData())
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        code, error = 1, f"{type(exc).__name__}: {exc}"
+    stopped = cb.preempted.step if cb.preempted is not None else None
+    saved = [e.step for e in cb.events]
+    line = f"RESULT rank={trainer.global_rank} code={code} stopped={stopped} saved={saved} error={error}"
+    with open(os.path.join(root, f"result-rank{trainer.global_rank}.txt"), "w") as f:
+        f.write(line)  # not on stdout, where the ranks' lines interleave
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
