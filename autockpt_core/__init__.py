@@ -15,7 +15,7 @@ Imports no torch, tensorflow, keras, lightning or jax. The adapters (``autockpt_
 """
 
 from .config import Config
-from .errors import AutockptError, CheckpointWriteError, ConfigError, CorruptCheckpointError, ResumeNotExactWarning
+from .errors import AutockptError, CheckpointWriteError, ConfigError, DirectoryLockedError, ResumeNotExactWarning
 from .persist import (
     MANIFEST_NAME,
     BufferPool,
@@ -58,8 +58,8 @@ __all__ = [
     "CheckpointWriter",
     "Config",
     "ConfigError",
-    "CorruptCheckpointError",
     "Decision",
+    "DirectoryLockedError",
     "Estimates",
     "FsspecStorage",
     "IntervalChoice",

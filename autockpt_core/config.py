@@ -36,7 +36,8 @@ class Config:
         dirpath: Directory (or ``file://`` URL) the checkpoints and the manifest go to.
         overhead_budget: Largest fraction of training time checkpointing may cost (0.02 = 2%).
         mtbf: Mean time between failures in seconds (or "6h"); enables Young/Daly.
-        every_n_steps: Fixed interval in optimizer steps; overrides the policy.
+        every_n_steps: Fixed interval in optimizer steps; replaces the policy (so it cannot be
+            combined with ``min_interval``/``max_interval``).
         min_interval: Never checkpoint more often than this (seconds or "30s").
         max_interval: Never let more than this pass without a checkpoint (seconds or "30min").
         keep_last: How many checkpoints to keep; older ones are deleted only after a newer one
@@ -102,6 +103,16 @@ class Config:
                 self.min_interval,
                 f"is larger than max_interval={self.max_interval!r}",
                 "make min_interval <= max_interval, or drop one of them",
+            )
+        if self.every_n_steps is not None and (self.min_interval is not None or self.max_interval is not None):
+            bounds = {"min_interval": self.min_interval, "max_interval": self.max_interval}
+            given = " and ".join(f"{name}={value!r}" for name, value in bounds.items() if value is not None)
+            raise ConfigError(
+                "every_n_steps",
+                self.every_n_steps,
+                f"fixes the interval, so {given} would be ignored",
+                "drop every_n_steps to let the policy choose within min_interval/max_interval, "
+                "or drop min_interval and max_interval to checkpoint every_n_steps",
             )
         set_(self, "keep_last", _check_int("keep_last", self.keep_last, minimum=1))
         set_(self, "warmup_steps", _check_int("warmup_steps", self.warmup_steps, minimum=0))

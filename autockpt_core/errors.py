@@ -5,13 +5,15 @@ Every error names what went wrong and, where possible, how to fix it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class AutockptError(Exception):
     """Base class of every error autockpt raises on purpose."""
 
 
 class ConfigError(AutockptError, ValueError):
-    """A user-supplied setting is invalid.
+    """A user-supplied setting is invalid (or, for ``dirpath``, cannot be written).
 
     The message names the field, the value given and a fix.
     """
@@ -25,12 +27,21 @@ class ConfigError(AutockptError, ValueError):
 class CheckpointWriteError(AutockptError, RuntimeError):
     """Persisting a checkpoint failed (raised in the training thread).
 
-    The previous checkpoint is left untouched and still the newest valid one.
+    The message says what was left on disk; older checkpoints are never touched by a failure.
     """
 
 
-class CorruptCheckpointError(AutockptError):
-    """A checkpoint file does not match the checksum or size in the manifest."""
+class DirectoryLockedError(AutockptError, RuntimeError):
+    """Another session (in this or another process) writes checkpoints to the same directory.
+
+    ``holder`` is what the lock file says about that session (host, pid, framework, start
+    time), or None when it could not be read; ``dirpath`` is the directory.
+    """
+
+    def __init__(self, message: str, dirpath: str, holder: dict[str, Any] | None) -> None:
+        self.dirpath = dirpath
+        self.holder = holder
+        super().__init__(message)
 
 
 class ResumeNotExactWarning(UserWarning):

@@ -2,7 +2,14 @@
 
 Adapters only translate framework hooks into these calls (training thread, in this order):
 
+0. ``open()``, called by ``resume_record()`` and ``start()`` (idempotent): probes ``dirpath``
+   with a real write (a ``ConfigError`` naming it, the OS error and the fix, at train start
+   rather than at the first checkpoint), takes the directory lock (a second session on the
+   same local ``dirpath``, in any process, gets ``DirectoryLockedError`` naming the holder)
+   and, when resuming, removes what interrupted writes left there (only under the lock).
 1. ``resume_record()`` once before training: the newest valid checkpoint to restore, or None.
+   Resuming continues that checkpoint's run (retention counts per framework and run); a
+   session that does not resume starts a new run.
 2. ``start(step)`` when training starts (``step`` = global step after any restore).
 3. ``step_end(step, loss=...)`` after every optimizer step; it returns a :class:`Decision`.
 4. ``save(step, epoch, snapshot)`` when the decision says so (or at any time, e.g. on
@@ -13,7 +20,10 @@ Adapters only translate framework hooks into these calls (training thread, in th
    the copy overlap the next step (``Snapshot.pending``): it makes that step wait for the
    copy (CheckFreq's rule: the weights may not change before the snapshot holds them). The
    wait counts as stall. The writer thread waits for the copy before it serializes.
-5. ``finish()`` at the end: waits for the last persist and returns the :class:`RunSummary`.
+5. ``finish()`` at the end: waits for the last persist, releases the directory lock (also
+   when it raises) and returns the :class:`RunSummary`. ``close()`` does the same without the
+   summary (idempotent: for failure paths). A session that is garbage-collected unreleased
+   releases its lock then; a process that dies releases it at once.
 
 Preemption (``autockpt_core.preemption``): at the step boundary after a signal, ``save(...)``
 (unless ``saved_step`` already is this step), then ``flush()``, which returns once that
@@ -29,6 +39,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
+import weakref
 from typing import IO, Any, Callable, Protocol
 
 from .config import Config
@@ -42,6 +54,8 @@ from .persist import (
     read_manifest,
     storage_for,
 )
+from .persist.directory import open_directory
+from .persist.names import checkpoint_name
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
 from .summary import RunSummary
@@ -81,16 +95,6 @@ class Snapshot:
 
 
 SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
-
-
-def checkpoint_name(step: int, suffix: str, version: int = 1) -> str:
-    """File name of the checkpoint after ``step``: ``ckpt-step000001200.ckpt``.
-
-    ``version`` > 1 gives ``ckpt-step000001200-v2.ckpt``, used when an earlier run (e.g. one
-    started with ``resume=False``) already left a file of that name: it is never overwritten.
-    """
-    tail = f"-v{version}" if version > 1 else ""
-    return f"ckpt-step{step:09d}{tail}{suffix}"
 
 
 class CheckpointSession:
@@ -138,17 +142,58 @@ class CheckpointSession:
         self._pending: PendingCopy | None = None
         self._pending_stall: tuple[float, int] | None = None  # (stall so far, nbytes)
         self._copy_mode: str | None = None
+        self.run: str | None = uuid.uuid4().hex
+        """The run this session's records belong to: new, or the resumed checkpoint's."""
+        self._opened = False
+        self._release_lock: weakref.finalize | None = None
+
+    # -- opening and closing ----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Lock ``dirpath``, probe it with a real write, clean up after interrupted writes.
+
+        Idempotent; called by ``resume_record()``, ``start()`` and ``save()``. Raises
+        ``ConfigError`` (field ``dirpath``) when it cannot be written, ``DirectoryLockedError``
+        when another session holds it. Leftovers are removed only with ``config.resume`` and
+        only under the lock, so never a live writer's; remote (fsspec) storage has no lock and
+        no cleanup. See :mod:`autockpt_core.persist.directory`.
+        """
+        if self._opened:
+            return
+        lock = open_directory(self.storage, self.framework, self.suffix, resume=self.config.resume)
+        self._opened = True
+        self._release_lock = weakref.finalize(self, lock.release) if lock is not None else None
+
+    def close(self) -> None:
+        """Wait for the in-flight persist, then release the directory lock; re-raise the
+        persist's error, if any (the lock is released regardless). Idempotent.
+
+        ``finish()`` calls it. Adapters call it on failure paths that skip ``finish()``.
+        """
+        try:
+            self.before_update()
+        finally:
+            try:
+                self.writer.close()
+            finally:
+                if self._release_lock is not None:
+                    self._release_lock()  # lock.release(), once
+                self._release_lock, self._opened = None, False
 
     # -- resume ---------------------------------------------------------------------------
 
     def resume_record(self, accept: Callable[[CheckpointRecord], bool] | None = None) -> CheckpointRecord | None:
-        """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``."""
+        """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``.
+
+        Opens the session first. A record found makes this session continue its run.
+        """
+        self.open()
         if not self.config.resume:
             return None
-        removed = self.storage.cleanup_temporaries()
-        if removed:
-            log.info("autockpt: removed %d temporary file(s) left by an interrupted write", removed)
-        return find_latest_valid(self.storage, framework=self.framework, accept=accept)
+        record = find_latest_valid(self.storage, framework=self.framework, accept=accept)
+        if record is not None:
+            self.run = record.run
+        return record
 
     def path_of(self, record: CheckpointRecord) -> str:
         """Local path of a record's file (raises for remote storage)."""
@@ -160,7 +205,8 @@ class CheckpointSession:
     # -- training loop ----------------------------------------------------------------------
 
     def start(self, step: int = 0) -> None:
-        """Training starts (or resumes) at global step ``step``."""
+        """Training starts (or resumes) at global step ``step``. Opens the session first."""
+        self.open()
         now = self.clock()
         self._start_time = now
         self._last_step_time = now
@@ -200,6 +246,7 @@ class CheckpointSession:
         Waits for an in-flight persist first (the buffers are about to be overwritten); that
         wait counts as stall. Returns the stall in seconds.
         """
+        self.open()
         self.before_update()  # a copy still overlapping must end before its buffers are reused
         start = self.clock()
         self.writer.wait()
@@ -217,6 +264,7 @@ class CheckpointSession:
             framework=self.framework,
             write=write,
             meta=all_meta,
+            run=self.run,
         )
         self.writer.submit(job)
         stall = self.clock() - start
@@ -276,11 +324,9 @@ class CheckpointSession:
         self.profiler.record_persist(seconds)
 
     def finish(self) -> RunSummary:
-        """Wait for the last persist, re-raise its error if any, and summarise the run."""
-        try:
-            self.before_update()
-        finally:
-            self.writer.close()
+        """Wait for the last persist, release the directory lock (also when raising), re-raise
+        the persist's error if any, and summarise the run."""
+        self.close()
         return self.summary()
 
     # -- reporting ---------------------------------------------------------------------------

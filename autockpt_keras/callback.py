@@ -51,13 +51,14 @@ previous checkpoint stays the newest valid one. Signal handlers only set a flag 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 import signal
 import warnings
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 import keras
 
@@ -100,6 +101,27 @@ _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 
 # Config's defaults, so the signature shows the real values without restating them.
 _DEFAULTS = CONFIG_DEFAULTS
+
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+def _ends_fit_on_error(hook: _Hook) -> _Hook:
+    """A hook that raises ends this ``fit()`` for autockpt before the exception leaves it.
+
+    Keras has no hook for a ``fit()`` that raises, so the signal handlers and the session
+    (with its directory lock) are released here: ``fit()`` is about to raise this exception.
+    """
+
+    @functools.wraps(hook)
+    def wrapper(self: "AutoCheckpoint", *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except BaseException:
+            self._end_failed_fit()
+            raise
+
+    return cast(_Hook, wrapper)
 
 
 class AutoCheckpoint(keras.callbacks.Callback):
@@ -242,6 +264,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     # -- fit() hooks (training thread) --------------------------------------------------------
 
+    @_ends_fit_on_error
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._put_back_initial_epoch()  # left over if an earlier fit() failed before its first epoch
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
@@ -280,6 +303,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._preemption.install()
         self.session.start(self._global_step())
 
+    @_ends_fit_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._put_back_initial_epoch()
         self._epoch = epoch
@@ -299,6 +323,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if self._exact is not None:
             self._exact.batch_begin(batch)
 
+    @_ends_fit_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
         exact = self._require_exact()
@@ -335,6 +360,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if logs is not None:
             logs.update(self.log_values())
 
+    @_ends_fit_on_error
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         session = self._require_session()
         self._put_back_initial_epoch()
@@ -460,9 +486,12 @@ class AutoCheckpoint(keras.callbacks.Callback):
         return False
 
     def _end_failed_fit(self) -> None:
-        """Uninstall the handlers and finish the session an earlier ``fit()`` left when it raised.
+        """Uninstall the handlers and finish the session of a ``fit()`` that raised.
 
-        Its in-flight persist completes; a persist error is logged, not raised (that fit is over).
+        Called when one of this callback's hooks raises, and by the next ``on_train_begin``
+        (for a ``fit()`` that raised elsewhere: the session is released at the latest then, or
+        when it is garbage-collected). Its in-flight persist completes; a persist error is
+        logged, not raised (that fit is over, with its own exception).
         """
         self._stop_preemption()
         if self.session is not None and self._session_open:

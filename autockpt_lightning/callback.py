@@ -225,7 +225,11 @@ class AutoCheckpoint(Callback):
             check_strategy(trainer)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        previous = self._session
         self._session = self._new_session() if trainer.is_global_zero else None
+        if self._session is not None and previous is not None and trainer.global_step > 0:
+            # A second fit() continues the trainer in memory: the same run, for retention.
+            self._session.run = previous.run
         self._reset_fit_state(trainer)
         self._start_preemption(trainer)  # a signal during the resume or the sanity check counts too
         if self.config.resume:

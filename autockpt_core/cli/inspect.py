@@ -1,4 +1,5 @@
-"""``autockpt inspect DIR``: the checkpoints in a directory, newest last, with checksum status."""
+"""``autockpt inspect DIR``: the checkpoints in a directory in commit order (newest last), with
+checksum status, the framework and the run that wrote each."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         status = "unchecked" if args.no_verify else (verify(storage, r) or "ok")
         rows.append(
             {
+                "seq": r.seq,
                 "name": r.name,
                 "step": r.step,
                 "epoch": r.epoch,
@@ -40,22 +42,25 @@ def run(args: argparse.Namespace) -> int:
                 "checksum": f"{r.algorithm}:{r.checksum}",
                 "status": status,
                 "framework": r.framework,
+                "run": r.run,
             }
         )
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0 if all(row["status"] in ("ok", "unchecked") for row in rows) else 1
     table = Table(title=f"autockpt checkpoints in {storage.location}")
-    for col in ("step", "epoch", "created", "size", "checksum", "status", "name"):
-        table.add_column(col, justify="right" if col in ("step", "epoch", "size") else "left")
+    for col in ("seq", "step", "epoch", "created", "size", "checksum", "status", "run", "name"):
+        table.add_column(col, justify="right" if col in ("seq", "step", "epoch", "size") else "left")
     for row in rows:
         table.add_row(
+            str(row["seq"]),
             str(row["step"]),
             "" if row["epoch"] is None else str(row["epoch"]),
             str(row["created"]),
             format_size(int(row["size"])),  # type: ignore[arg-type]
             str(row["checksum"]),
             str(row["status"]),
+            str(row["run"] or "")[:8],  # the first 8 hex digits tell runs apart
             str(row["name"]),
         )
     Console(width=160).print(table)

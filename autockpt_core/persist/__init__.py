@@ -4,8 +4,12 @@
 - :mod:`.tree`: walking nested state and replacing tensor leaves (used by the adapters' copy).
 - :mod:`.tensorfile`: streaming safetensors files; :mod:`.checksum`: CRC-32 while writing.
 - :mod:`.storage`: one interface for local directories and fsspec URLs (atomic writes).
-- :mod:`.manifest`: the list of committed checkpoints, verified on load.
-- :mod:`.writer`: phase 2, the background persist: write, commit, then retention.
+- :mod:`.manifest`: the list of committed checkpoints in commit order, verified on load.
+- :mod:`.writer`: phase 2, the background persist: write, commit, then retention;
+  :mod:`.failures`: what a failed persist left, in its message.
+- :mod:`.directory`: taking a directory into use (at session start): :mod:`.lock`, one
+  writer per directory; a probe write; :mod:`.leftovers`, what interrupted writes left.
+- :mod:`.names`: checkpoint file names.
 
 Imports only ``autockpt_core``'s base modules (errors, units); never the policy, the engine or
 the command line.

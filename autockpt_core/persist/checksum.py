@@ -12,7 +12,6 @@ import queue
 import threading
 import weakref
 import zlib
-from collections.abc import Iterable
 from typing import IO, Any
 
 ALGORITHM = "crc32"
@@ -181,10 +180,3 @@ def checksum_stream(stream: IO[bytes]) -> tuple[str, int]:
             return h.hexdigest(), size
         h.update(chunk)
         size += len(chunk)
-
-
-def checksum_bytes(chunks: Iterable[bytes]) -> str:
-    h = Crc32()
-    for c in chunks:
-        h.update(c)
-    return h.hexdigest()

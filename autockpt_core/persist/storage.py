@@ -3,7 +3,9 @@
 Every write is atomic: bytes go to a temporary name in the same directory, are flushed and
 fsync'ed, then renamed over the final name, and the directory is fsync'ed. A reader never
 sees a partial file under a final name; a failed write removes its temporary file and leaves
-every existing file untouched.
+every existing file untouched. The one exception is a failure after the rename (the directory
+fsync): the new bytes are then in place but maybe not durable, and :class:`NotDurableError`
+says so.
 
 Threading: an instance may be used from the writer thread and the training thread at once,
 as long as they touch different names (the session guarantees that).
@@ -12,6 +14,7 @@ as long as they touch different names (the session guarantees that).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -36,6 +39,14 @@ class WriteResult:
     algorithm: str = ALGORITHM
 
 
+class NotDurableError(OSError):
+    """The file was renamed into place, but the directory could not be made durable (fsync).
+
+    Readers see the new file now; after a power loss the directory may show the old state.
+    ``errno`` is the fsync error's.
+    """
+
+
 @runtime_checkable
 class Storage(Protocol):
     """Where checkpoints live. Names are flat file names inside one directory."""
@@ -50,9 +61,6 @@ class Storage(Protocol):
 
     def delete(self, name: str) -> None:
         """Remove ``name``; a missing file is not an error."""
-
-    def list_names(self) -> list[str]:
-        """Names of the files in the directory (temporary files excluded)."""
 
     def local_path(self, name: str) -> str | None:
         """A filesystem path for ``name`` when the storage is local, else None."""
@@ -106,7 +114,10 @@ class LocalStorage:
                 pass
             raise
         if self._fsync:
-            _fsync_dir(self.root)
+            try:
+                _fsync_dir(self.root)
+            except OSError as exc:
+                raise NotDurableError(exc.errno, f"{name} is in place, but fsync of {self.root} failed: {exc}") from exc
         return WriteResult(name, hashing.size, hashing.hexdigest())
 
     def open_read(self, name: str) -> IO[bytes]:
@@ -120,11 +131,6 @@ class LocalStorage:
             self._path(name).unlink()
         except FileNotFoundError:
             pass
-
-    def list_names(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_file() and not p.name.startswith(TEMP_PREFIX))
 
     def local_path(self, name: str) -> str | None:
         return str(self._path(name))
@@ -197,12 +203,6 @@ class FsspecStorage:
             self._fs.rm(self._path(name))
         except FileNotFoundError:
             pass
-
-    def list_names(self) -> list[str]:
-        if not self._fs.exists(self._root):
-            return []
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self._fs.ls(self._root, detail=False)]
-        return sorted(n for n in names if not n.startswith(TEMP_PREFIX))
 
     def local_path(self, name: str) -> str | None:
         return None
@@ -277,14 +277,22 @@ def storage_for(location: str | os.PathLike[str]) -> Storage:
     return LocalStorage(text)
 
 
+_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
+"""Errors of opening or fsync'ing a directory that mean "not supported here" (some network and
+FUSE filesystems): durability is then the filesystem's; every other error is raised."""
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError as exc:
+        if exc.errno in _FSYNC_UNSUPPORTED:
+            return
+        raise
     try:
         os.fsync(fd)
-    except OSError:
-        pass  # some filesystems do not support fsync on directories
+    except OSError as exc:
+        if exc.errno not in _FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)

@@ -5,31 +5,49 @@ still finishes the checkpoint it started. Steps of one persist:
 
 1. ``storage.write_atomic``: serialize from the snapshot buffers into a temporary file,
    fsync, rename to the final name (checksum computed while writing);
-2. write the manifest with the new record appended (atomic replace);
-3. retention: only now, drop records beyond ``keep_last`` from the manifest and then delete
-   their files.
+2. commit: write the manifest with the new record appended (atomic replace), its ``seq`` one
+   more than the largest in the manifest;
+3. retention: only now, drop the records of the same framework and run beyond ``keep_last``
+   from the manifest, then delete their files. Other runs' records are never dropped.
 
-A failure in any step leaves the previous checkpoints listed and readable. The exception is
-stored and re-raised, once, in the training thread by the next ``raise_if_failed``, ``submit``
-or ``wait`` call, wrapped in :class:`CheckpointWriteError`.
+A failure in step 1 or 2 leaves the previous checkpoints listed and readable, and no file of
+the new one (a file renamed into place whose manifest write failed is removed; if that fails
+too, the message names it). The failure is stored and raised, once, in the training thread
+by the next ``raise_if_failed``, ``submit`` or ``wait`` call, as
+:class:`CheckpointWriteError` whose message says what was left (see :mod:`.failures`). A
+failure in step 3 is not an error (the new checkpoint is committed): it is logged at once and
+issued as a ``RuntimeWarning`` in the training thread by the same calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
+import logging
 import threading
 import time
+import warnings
 from typing import IO, Any, Callable
 
 from ..errors import CheckpointWriteError
-from .manifest import CheckpointRecord, commit_order, read_manifest, write_manifest
-from .storage import Storage
+from .failures import PersistFailure
+from .manifest import (
+    CheckpointRecord,
+    commit_order,
+    next_seq,
+    read_manifest,
+    write_manifest,
+)
+from .storage import NotDurableError, Storage, location_of
+
+log = logging.getLogger("autockpt")
 
 
 @dataclasses.dataclass
 class PersistJob:
-    """Everything the writer needs; ``write`` serializes the snapshot into a file object."""
+    """Everything the writer needs; ``write`` serializes the snapshot into a file object.
+
+    ``run``: the id of the run the record belongs to (retention counts per framework and run).
+    """
 
     name: str
     step: int
@@ -37,9 +55,18 @@ class PersistJob:
     framework: str
     write: Callable[[IO[bytes]], object]
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    run: str | None = None
 
 
 PersistCallback = Callable[[CheckpointRecord, float], None]
+
+
+class _Failed(Exception):
+    """Carries a :class:`PersistFailure` out of ``_persist`` (writer thread only)."""
+
+    def __init__(self, failure: PersistFailure) -> None:
+        super().__init__(failure.stage)
+        self.failure = failure
 
 
 class CheckpointWriter:
@@ -47,6 +74,8 @@ class CheckpointWriter:
 
     Training-thread API: ``submit``, ``busy``, ``wait``, ``raise_if_failed``, ``close``.
     ``on_persisted(record, seconds)`` is called from the writer thread after each commit.
+    ``clock`` times the persist; ``wall_clock`` stamps ``created`` (information only: records
+    are ordered by their ``seq``).
     """
 
     def __init__(
@@ -56,6 +85,7 @@ class CheckpointWriter:
         run_async: bool = True,
         on_persisted: PersistCallback | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -64,9 +94,10 @@ class CheckpointWriter:
         self._async = run_async
         self._on_persisted = on_persisted
         self._clock = clock
+        self._wall_clock = wall_clock
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._error_job: PersistJob | None = None
+        self._failure: PersistFailure | None = None
+        self._warnings: list[str] = []
         self._lock = threading.Lock()
         self.last_record: CheckpointRecord | None = None
         self.committed = 0
@@ -96,17 +127,18 @@ class CheckpointWriter:
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:
-        """Re-raise a stored background error in the calling (training) thread, once."""
+        """Issue stored retention warnings, then raise a stored background error; each once."""
         with self._lock:
-            error, job = self._error, self._error_job
-            self._error = self._error_job = None
-        if error is not None:
-            assert job is not None
-            raise CheckpointWriteError(
-                f"autockpt could not persist checkpoint {job.name} (step {job.step}) to "
-                f"{self._storage.location}: {type(error).__name__}: {error}. "
-                f"Older checkpoints are untouched and no partial file is left. Fix: {_hint(error)}."
-            ) from error
+            failure, self._failure = self._failure, None
+            pending, self._warnings = self._warnings, []
+        for message in pending:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        if failure is not None:
+            if not isinstance(failure.error, Exception):
+                # Ctrl-C (KeyboardInterrupt) or SystemExit during a synchronous persist is not a
+                # storage error: it goes on as itself, after the partial file was removed.
+                raise failure.error
+            raise CheckpointWriteError(failure.message()) from failure.error
 
     def close(self) -> None:
         """Finish the in-flight persist and surface its error."""
@@ -118,9 +150,8 @@ class CheckpointWriter:
         start = self._clock()
         try:
             record = self._persist(job)
-        except BaseException as exc:  # stored, re-raised in the training thread
-            with self._lock:
-                self._error, self._error_job = exc, job
+        except _Failed as failed:  # stored, raised in the training thread
+            self._store(failed.failure)
             return
         seconds = self._clock() - start
         self.last_record = record
@@ -129,31 +160,86 @@ class CheckpointWriter:
             try:
                 self._on_persisted(record, seconds)
             except BaseException as exc:
-                with self._lock:
-                    self._error, self._error_job = exc, job
+                self._store(self._failure_of("callback", job, exc))
 
     def _persist(self, job: PersistJob) -> CheckpointRecord:
-        result = self._storage.write_atomic(job.name, job.write)
-        record = CheckpointRecord.from_write(result, job.step, job.epoch, job.framework, job.meta)
-        existing = [r for r in read_manifest(self._storage) if r.name != record.name]
-        records = existing + [record]
-        write_manifest(self._storage, records)  # the new checkpoint is now committed
-        if len(records) > self._keep_last:
-            ordered = sorted(records, key=commit_order)
-            dropped, kept = ordered[: -self._keep_last], ordered[-self._keep_last :]
-            write_manifest(self._storage, kept)
-            for old in dropped:
-                self._storage.delete(old.name)
+        stage = "write"
+        try:
+            result = self._storage.write_atomic(job.name, job.write)
+            stage = "commit"
+            records = read_manifest(self._storage)
+            record = CheckpointRecord.from_write(
+                result, job.step, job.epoch, job.framework, job.meta,
+                created=self._wall_clock(), seq=next_seq(records), run=job.run,
+            )  # fmt: skip
+            records = [r for r in records if r.name != record.name] + [record]
+            write_manifest(self._storage, records)  # the new checkpoint is now committed
+        except BaseException as exc:
+            raise _Failed(self._undo(stage, job, exc)) from exc
+        self._retain(record, records)
         return record
 
+    def _undo(self, stage: str, job: PersistJob, error: BaseException) -> PersistFailure:
+        """Remove the new file where it is in place but not listed; say what is left."""
+        if stage == "commit" and isinstance(error, NotDurableError):
+            return self._failure_of("durable", job, error)  # listed: it stays
+        if stage == "write" and not isinstance(error, NotDurableError):
+            return self._failure_of(stage, job, error)  # write_atomic removed its temporary file
+        try:
+            self._storage.delete(job.name)
+        except Exception as removal:  # noqa: BLE001 - any backend's error: reported in the message
+            return self._failure_of(stage, job, error, location_of(self._storage, job.name), removal)
+        return self._failure_of(stage, job, error)
 
-def _hint(error: BaseException) -> str:
-    """What to do about a persist error, from its errno where it has one."""
-    code = getattr(error, "errno", None)
-    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return "the disk or quota is full; free space there or point dirpath to a larger filesystem"
-    if code in (errno.EACCES, errno.EPERM):
-        return "this process may not write there; fix the directory's permissions or choose another dirpath"
-    if code == errno.EROFS:
-        return "the filesystem is read-only; point dirpath to a writable one"
-    return "check free space, permissions and the storage backend"
+    def _retain(self, record: CheckpointRecord, records: list[CheckpointRecord]) -> None:
+        """Drop this framework's and run's records beyond ``keep_last``; a failure only warns."""
+        same = [r for r in records if r.framework == record.framework and r.run == record.run]
+        if len(same) <= self._keep_last:
+            return
+        dropped = sorted(same, key=commit_order)[: -self._keep_last]
+        names = {r.name for r in dropped}
+        committed = f"checkpoint {record.name} (step {record.step}) is committed"
+        try:
+            write_manifest(self._storage, [r for r in records if r.name not in names])
+        except NotDurableError as exc:  # unlisted now, maybe listed again after a power loss
+            self._warn(
+                f"autockpt: {committed}; retention dropped {len(dropped)} older record(s) from the manifest "
+                f"in {self._storage.location} but could not make it durable ({exc}); their files are kept, "
+                "unlisted (a later resume in this directory removes them)"
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - committed already: a warning, not an error
+            self._warn(
+                f"autockpt: {committed}, but retention could not update the manifest in "
+                f"{self._storage.location} ({type(exc).__name__}: {exc}); no older checkpoint was "
+                f"deleted, so more than keep_last={self._keep_last} are kept"
+            )
+            return
+        for old in dropped:
+            try:
+                self._storage.delete(old.name)
+            except Exception as exc:  # noqa: BLE001 - committed already: a warning, not an error
+                self._warn(
+                    f"autockpt: {committed}, but retention could not delete the older checkpoint "
+                    f"{location_of(self._storage, old.name)} (step {old.step}): {type(exc).__name__}: "
+                    f"{exc}. It is no longer listed and never used; delete it to free the space"
+                )
+
+    def _failure_of(
+        self,
+        stage: str,
+        job: PersistJob,
+        error: BaseException,
+        leftover: str | None = None,
+        removal_error: BaseException | None = None,
+    ) -> PersistFailure:
+        return PersistFailure(stage, error, job.name, job.step, self._storage.location, leftover, removal_error)
+
+    def _store(self, failure: PersistFailure) -> None:
+        with self._lock:
+            self._failure = failure
+
+    def _warn(self, message: str) -> None:
+        log.warning(message)
+        with self._lock:
+            self._warnings.append(message)

@@ -30,6 +30,7 @@ def test_manifest_and_checksums_verify(framework: str, suffix: str, tmp_path: Pa
     storage = storage_for(copy_of(framework, tmp_path))
     records = read_manifest(storage)
     assert [r.step for r in records] == [2, 4]
+    assert [(r.seq, r.run) for r in records] == [(1, None), (2, None)]  # numbered in their old order
     assert all(r.name.endswith(suffix) and r.framework == framework for r in records)
     assert [verify(storage, r) for r in records] == [None, None]  # None: the file matches its record
     newest = find_latest_valid(storage, framework=framework)

@@ -30,6 +30,13 @@ def test_defaults_and_units() -> None:
         ({"every_n_steps": True}, "every_n_steps", "whole number"),
         ({"min_interval": "1h", "max_interval": "10min"}, "min_interval", "min_interval <= max_interval"),
         ({"max_interval": "soon"}, "max_interval", "'30min'"),
+        ({"every_n_steps": 10, "min_interval": "30s"}, "every_n_steps", "min_interval=30.0 would be ignored"),
+        ({"every_n_steps": 10, "max_interval": 60}, "every_n_steps", "drop every_n_steps"),
+        (
+            {"every_n_steps": 10, "min_interval": 1, "max_interval": 60},
+            "every_n_steps",
+            "min_interval=1.0 and max_interval=60.0 would be ignored",
+        ),
         ({"keep_last": 0}, "keep_last", "at least 1"),
         ({"warmup_steps": -1}, "warmup_steps", "at least 0"),
         ({"profile_window": 1}, "profile_window", "at least 3"),

@@ -47,16 +47,17 @@ def test_ddp_two_processes_rank_zero_writes_and_both_resume(tmp_path: Path) -> N
         # Both ranks print to one pipe: their lines may interleave, so match the records, not lines.
         return set(re.findall(r"RESULT rank=\d+ start=\d+ saved=\[[^\]]*\]", proc.stdout))
 
-    assert run(12) == {"RESULT rank=0 start=0 saved=[5, 10]", "RESULT rank=1 start=0 saved=[]"}
-    assert run(22) == {"RESULT rank=0 start=10 saved=[15, 20]", "RESULT rank=1 start=10 saved=[]"}
+    # 12 and 22: the final checkpoints; the rerun resumes from 12 (mid-epoch: exact).
+    assert run(12) == {"RESULT rank=0 start=0 saved=[5, 10, 12]", "RESULT rank=1 start=0 saved=[]"}
+    assert run(22) == {"RESULT rank=0 start=12 saved=[15, 20, 22]", "RESULT rank=1 start=12 saved=[]"}
     names = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert names == [
         "autockpt-manifest.json",
-        "ckpt-step000000010.ckpt",
         "ckpt-step000000015.ckpt",
         "ckpt-step000000020.ckpt",
+        "ckpt-step000000022.ckpt",
     ]
     import torch
 
-    state = torch.load(tmp_path / "ck" / "ckpt-step000000020.ckpt", weights_only=False)["callbacks"]["AutoCheckpoint"]
+    state = torch.load(tmp_path / "ck" / "ckpt-step000000022.ckpt", weights_only=False)["callbacks"]["AutoCheckpoint"]
     assert sorted(state["rng"]) == [0, 1] and state["world_size"] == 2  # every rank's generators

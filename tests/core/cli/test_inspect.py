@@ -35,6 +35,7 @@ def test_inspect_json_reports_corruption(ckpt_dir, capsys) -> None:
     assert main(["inspect", str(ckpt_dir), "--json"]) == 1
     rows = json.loads(capsys.readouterr().out)
     assert [r["step"] for r in rows] == [2, 4, 6]
+    assert [r["seq"] for r in rows] == [1, 2, 3] and len({r["run"] for r in rows}) == 1
     assert rows[0]["status"] == "ok" and "checksum" in rows[-1]["status"]
 
 

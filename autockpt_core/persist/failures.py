@@ -1,0 +1,68 @@
+"""What a failed persist left behind, said truly: one message per stage, with the fix.
+
+The writer thread builds a :class:`PersistFailure` where a stage fails; the training thread
+raises its :meth:`~PersistFailure.message` as ``CheckpointWriteError``. Older checkpoints are
+untouched in every stage: nothing is deleted before the new checkpoint is committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+
+STAGES = ("write", "commit", "durable", "callback")
+"""write: the checkpoint file; commit: the manifest listing it; durable: the manifest is
+replaced but its directory fsync failed; callback: the after-commit callback."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PersistFailure:
+    """One failed persist: the stage, the error, and a file that could not be removed, if any."""
+
+    stage: str
+    error: BaseException
+    name: str
+    step: int
+    location: str
+    leftover: str | None = None
+    removal_error: BaseException | None = None
+
+    def message(self) -> str:
+        cause = f"{type(self.error).__name__}: {self.error}"
+        what = f"checkpoint {self.name} (step {self.step})"
+        fix = f"Fix: {fix_for(self.error)}."
+        untouched = "Older checkpoints are untouched."
+        if self.stage == "callback":
+            return f"autockpt committed {what} to {self.location}, but the after-commit callback failed: {cause}."
+        if self.stage == "durable":
+            return (
+                f"autockpt listed {what} in the manifest in {self.location}, but could not make the manifest "
+                f"durable: {cause}. The checkpoint is usable now; after a power loss the directory may show "
+                f"the previous manifest. {untouched} {fix}"
+            )
+        if self.stage == "commit":
+            head = f"autockpt wrote {what} to {self.location} but could not list it in the manifest: {cause}."
+            removed = "The unlisted file was removed (it would never be used)."
+        else:
+            head = f"autockpt could not persist {what} to {self.location}: {cause}."
+            removed = "Nothing of it is left on disk."
+        if self.leftover is not None:
+            removed = (
+                f"Removing the unlisted file failed too ({type(self.removal_error).__name__}: "
+                f"{self.removal_error}): it is never used; delete {self.leftover} by hand."
+            )
+        return f"{head} {removed} {untouched} {fix}"
+
+
+def fix_for(error: BaseException) -> str:
+    """What to do about a storage error, from its errno where it has one."""
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "the disk or quota is full; free space there or point dirpath to a larger filesystem"
+    if code in (errno.EACCES, errno.EPERM):
+        return "this process may not write there; fix the directory's permissions or choose another dirpath"
+    if code == errno.EROFS:
+        return "the filesystem is read-only; point dirpath to a writable one"
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return "dirpath is a file, or lies under one; point dirpath to a directory (it is created if missing)"
+    return "check free space, permissions and the storage backend"
