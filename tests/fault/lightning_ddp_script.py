@@ -8,6 +8,8 @@ Rank 0 is this process; Lightning starts rank 1 as a child process running the s
 - ``none``;
 - ``sigterm-rank1@N``: rank 1 sends itself SIGTERM inside training step N (rank 0 gets no signal);
 - ``persist-error``: rank 0's checkpoint writes fail (ENOSPC) from the second checkpoint on;
+- ``snapshot-oom``: rank 0's second snapshot raises ``MemoryError`` (the other rank is in the
+  same checkpoint's collectives);
 - ``bad-manifest``: an unreadable manifest in the checkpoint directory (only rank 0 reads it).
 
 Each rank writes one line ``RESULT rank=R code=C stopped=S saved=[...] error=...`` as it ends
@@ -56,6 +58,19 @@ def main() -> int:
     if fault.startswith("sigterm-rank1@"):
         SignalOnRank1.AT = int(fault.split("@")[1])
         model = SignalOnRank1()
+    elif fault == "snapshot-oom":
+        import autockpt_lightning.callback as callback_module
+
+        class OutOfMemoryAtSecond(callback_module.TorchSnapshotter):  # type: ignore[misc,name-defined]
+            calls = 0
+
+            def snapshot(self, *args: Any, **kwargs: Any) -> Any:
+                type(self).calls += 1
+                if type(self).calls == 2:
+                    raise MemoryError("cannot allocate the snapshot buffers (simulated)")
+                return super().snapshot(*args, **kwargs)
+
+        callback_module.TorchSnapshotter = OutOfMemoryAtSecond  # type: ignore[attr-defined,misc]
     elif fault == "bad-manifest":
         os.makedirs(root + "/ck", exist_ok=True)
         with open(root + "/ck/autockpt-manifest.json", "w") as f:

@@ -61,3 +61,13 @@ def test_unreadable_manifest_at_resume_stops_both_ranks(tmp_path: Path) -> None:
     assert "cannot read autockpt-manifest.json" in results[0], results
     assert "RankFailedError: autockpt: rank 0 stopped training" in results[1], results
     assert "cannot read autockpt-manifest.json" in results[1], results
+
+
+def test_out_of_memory_in_rank_0s_snapshot_stops_both_ranks(tmp_path: Path) -> None:
+    proc, results = run_ddp(tmp_path, 30, "snapshot-oom")
+    report = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode != 0 and sorted(results) == [0, 1], report
+    assert "MemoryError: cannot allocate the snapshot buffers" in results[0], results
+    assert "RankFailedError: autockpt: rank 0 stopped training" in results[1], results
+    assert "MemoryError" in results[1], results
+    assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == [5]

@@ -179,11 +179,13 @@ def test_sigterm_commits_a_checkpoint_exits_143_and_the_rerun_is_exact(tmp_path:
     assert_weights_equal(weights_of(model), baseline(tmp_path))
 
 
-def test_signal_at_the_end_of_an_epoch_checkpoints_one_step_later(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_at_the_end_of_an_epoch_checkpoints_one_step_later(tmp_path: Path, signum: int) -> None:
     ckpts = str(tmp_path / "ck")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         # step index 11 ends the first epoch (validation follows): the checkpoint is step 13
-        train(ckpts, val=True, epochs=2, every=100, model_cls=signal_at(STEPS_PER_EPOCH - 1, signal.SIGUSR1))
+        train(ckpts, val=True, epochs=2, every=100, model_cls=signal_at(STEPS_PER_EPOCH - 1, signum))
+    assert info.value.code == 128 + signum  # SIGTERM: Lightning's own handler used to exit 0 here
     assert steps_of(Path(ckpts)) == [STEPS_PER_EPOCH + 1]
     model, _, _ = train(ckpts, val=True, epochs=2, every=100)
     assert_weights_equal(weights_of(model), baseline(tmp_path))
