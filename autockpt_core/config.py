@@ -296,14 +296,14 @@ def config_from_keywords(
     dirpath: str | os.PathLike[str] | None,
     config: Config | None,
     keywords: Mapping[str, Any],
-    explicit: Collection[str] | None = None,
+    explicit: Collection[str],
 ) -> Config:
     """The Config an adapter's ``AutoCheckpoint(dirpath, config=..., **keywords)`` asks for.
 
     Without ``config``: ``Config(dirpath, **keywords)``. With it: ``config`` with the keywords
-    the caller passed (``explicit``, from :func:`records_explicit_keywords`; without it, those
-    that differ from their defaults) and ``dirpath``, if given, applied on top. Keywords that
-    are not Config fields are ignored (adapters pass only their mirrored fields).
+    the caller passed (``explicit``, from :func:`records_explicit_keywords`) and ``dirpath``,
+    if given, applied on top. Keywords that are not Config fields are ignored (adapters pass
+    only their mirrored fields).
     """
     values = {k: v for k, v in keywords.items() if k in CONFIG_DEFAULTS}
     if config is None:
@@ -315,10 +315,8 @@ def config_from_keywords(
             "config", config, "is not an autockpt Config",
             "pass autockpt_core.Config(...) or use AutoCheckpoint.from_config(path)",
         )
-    if explicit is None:
-        changed = {k: v for k, v in values.items() if v != CONFIG_DEFAULTS[k]}
-    else:  # keep_last=3 overrides config.keep_last=5 even though 3 is the default
-        changed = {k: v for k, v in values.items() if k in explicit}
+    # keep_last=3 overrides config.keep_last=5 even though 3 is the default
+    changed = {k: v for k, v in values.items() if k in explicit}
     if dirpath is not None:
         changed["dirpath"] = os.fspath(dirpath)
     return config.replace(**changed) if changed else config

@@ -80,7 +80,7 @@ from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, read_record
 from .copying import Copier, buffer_pool_for, copier_for
 from .data_stream import find_epoch_iterator
 from .exact_resume import ExactResume
-from .fit_frame import find_fit_frame
+from .fit_frame import find_fit_frame, is_on_stack
 from .input_checks import InputReport, inspect_inputs
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
@@ -266,9 +266,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     @_ends_fit_on_error
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._put_back_initial_epoch()  # left over if an earlier fit() failed before its first epoch
+        self._end_failed_fit()  # what an earlier fit() that raised left (before its first epoch, ...)
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
-        self._end_failed_fit()  # an earlier fit() that raised: its handlers and session
         backend = keras.backend.backend()
         self._backend = backend
         self.session = CheckpointSession(
@@ -460,11 +459,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
             session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose
         )
         if self.config.on_preempt == "exit":
-            self._stop_preemption()
-            self._require_exact().close()
-            self._put_back_initial_epoch()
-            self._session_open = False
-            session.finish()
+            # Raised from a hook: _ends_fit_on_error releases the handlers, the data stream
+            # and the session (already flushed) on its way out of fit().
             raise Preempted(signum, step)
         handler.clear()
 
@@ -476,24 +472,24 @@ class AutoCheckpoint(keras.callbacks.Callback):
     def _fit_is_running(self, frame: FrameType | None) -> bool:
         """In the signal handler: whether the ``fit()`` this callback serves is on the stack."""
         fit_frame = self._fit_frame
-        if fit_frame is None:
-            return True  # not found at on_train_begin: assume it runs (the old behaviour)
-        while frame is not None:
-            if frame is fit_frame:
-                return True
-            frame = frame.f_back
+        if fit_frame is None or is_on_stack(fit_frame, frame):
+            return True  # (not found at on_train_begin: assume it runs, the old behaviour)
         self._fit_frame = None
         return False
 
     def _end_failed_fit(self) -> None:
-        """Uninstall the handlers and finish the session of a ``fit()`` that raised.
+        """Release what a ``fit()`` that raised (``Preempted`` included) left: the signal
+        handlers, ``model._initial_epoch``, the wrapped data stream, and the session.
 
         Called when one of this callback's hooks raises, and by the next ``on_train_begin``
         (for a ``fit()`` that raised elsewhere: the session is released at the latest then, or
-        when it is garbage-collected). Its in-flight persist completes; a persist error is
-        logged, not raised (that fit is over, with its own exception).
+        when it is garbage-collected). Idempotent. Its in-flight persist completes; a persist
+        error is logged, not raised (that fit is over, with its own exception).
         """
         self._stop_preemption()
+        self._put_back_initial_epoch()
+        if self._exact is not None:
+            self._exact.close()
         if self.session is not None and self._session_open:
             self._session_open = False
             try:

@@ -25,3 +25,12 @@ def find_fit_frame(model: Any, max_depth: int = 64) -> FrameType | None:
         frame = frame.f_back
         depth += 1
     return None
+
+
+def is_on_stack(target: FrameType, frame: FrameType | None) -> bool:
+    """Whether ``target`` is ``frame`` or one of its callers (in a signal handler: the interrupted stack)."""
+    while frame is not None:
+        if frame is target:
+            return True
+        frame = frame.f_back
+    return False

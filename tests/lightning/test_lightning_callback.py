@@ -17,7 +17,15 @@ import torch
 from lightning.pytorch.loggers.logger import Logger
 
 import autockpt_lightning
-from autockpt_core import AutockptError, CheckpointWriteError, Config, ConfigError, LocalStorage, WriteResult, read_manifest
+from autockpt_core import (
+    AutockptError,
+    CheckpointWriteError,
+    Config,
+    ConfigError,
+    LocalStorage,
+    WriteResult,
+    read_manifest,
+)
 from autockpt_core.config import CONFIG_DEFAULTS
 from autockpt_core.persist.storage import storage_for
 from autockpt_lightning import AutoCheckpoint, latest_checkpoint
