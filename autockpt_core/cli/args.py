@@ -15,7 +15,7 @@ import numpy as np
 from ..config import Config
 from ..errors import ConfigError
 from ..policy.profiler import Estimates
-from ..units import parse_duration
+from ..units import parse_duration, parse_fraction
 
 #: Config field -> command-line flag, to name the flag in error messages.
 FLAGS = {
@@ -55,6 +55,17 @@ def duration(flag: str, text: str, *, allow_zero: bool = False) -> float:
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ValueError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {text!r}")
     return seconds
+
+
+def budget(flag: str, text: str) -> float:
+    """An overhead budget in (0, 1) from "2%" or "0.02"; names ``flag`` on bad input."""
+    try:
+        value = parse_fraction(text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    if not 0 < value < 1:
+        raise ValueError(f"{flag} must be between 0% and 100%, got {text!r}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace, **overrides: object) -> Config:

@@ -7,6 +7,10 @@
 ``autockpt bench``        snapshot stall, persist throughput, memory and training slowdown vs the
                           physical limits and Lightning's/Keras' checkpointing (frameworks run in
                           subprocesses).
+``autockpt compare``      the framework study: small/medium/large workloads in Lightning and Keras,
+                          no checkpointing vs native checkpointing vs autockpt (tables, JSON, PNGs).
+``autockpt goodput``      real processes SIGKILLed at seeded exponential times, rerun until done:
+                          wall time per checkpointing method, beside the simulator's prediction.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import sys
 from typing import Callable, Sequence
 
 from . import bench as cli_bench
+from . import compare as cli_compare
 from . import demo as cli_demo
+from . import goodput as cli_goodput
 from . import inspect as cli_inspect
 from . import plan as cli_plan
 from . import simulate as cli_simulate
@@ -29,6 +35,8 @@ COMMANDS: dict[str, Command] = {
     "plan": (cli_plan.add_arguments, cli_plan.run, cli_plan.HELP),
     "simulate": (cli_simulate.add_arguments, cli_simulate.run, cli_simulate.HELP),
     "bench": (cli_bench.add_arguments, cli_bench.run, cli_bench.HELP),
+    "compare": (cli_compare.add_arguments, cli_compare.run, cli_compare.HELP),
+    "goodput": (cli_goodput.add_arguments, cli_goodput.run, cli_goodput.HELP),
 }
 
 

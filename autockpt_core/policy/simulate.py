@@ -7,7 +7,8 @@ into it); the checkpoint becomes durable ``persist_s`` wall seconds after the st
 Failures arrive as a renewal process (exponential, or Weibull with shape < 1: failures come in
 bursts) that restarts after every failure. A failure loses everything since the last *durable*
 checkpoint; the job then spends ``restart_s`` restarting (a failure during the restart restarts
-it again) and resumes from that checkpoint.
+it again) and resumes from that checkpoint. ``startup_s`` is the same for the very first start
+(process start and imports before the first step; 0 by default, as in the papers' model).
 
 Per job it records wall time, wasted time (wall − work), reworked compute, failures,
 checkpoints taken and value lost (``value(progress)`` before the failure minus at the restored
@@ -63,11 +64,12 @@ class Job:
     stall_s: float
     persist_s: float = 0.0
     restart_s: float = 0.0
+    startup_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.work_s > 0:
             raise ValueError(f"work_s must be positive, got {self.work_s}")
-        for name in ("stall_s", "persist_s", "restart_s"):
+        for name in ("stall_s", "persist_s", "restart_s", "startup_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -147,7 +149,7 @@ def simulate(
     j0 = np.zeros(jobs, dtype=np.int64)  # 1 + index of the last durable checkpoint (0: none)
     wall, rework, lost, nfail, nckpt = (np.zeros(jobs) for _ in range(5))
     out = {name: np.zeros(jobs) for name in ("wall", "rework", "lost", "nfail", "nckpt")}
-    restart = 0.0  # the first segment starts without a restart
+    restart = job.startup_s  # the first segment starts after the startup (0: at once)
     for _ in range(max_rounds):
         gaps = failures.from_uniform(rng.random(jobs))[idx]  # all draws made: common random numbers
         base = end_x[j0]

@@ -1,0 +1,78 @@
+"""Start one study worker process for a case and read its result back (see :mod:`.protocol`).
+
+Called from the command's thread; each call blocks until the worker exits (or times out). The
+worker's output goes to a log file next to its spec, so a failure is reported with its last
+lines and the whole log stays for reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .protocol import WORKERS, write_spec
+from .workloads import Workload
+
+
+def worker_env(threads: int, keras_backend: str | None = None) -> dict[str, str]:
+    """The environment of a worker: quiet frameworks, pinned threads, the Keras backend."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    if threads > 0:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+            env[var] = str(threads)
+        env["TF_NUM_INTEROP_THREADS"] = "1"
+    if keras_backend:
+        env["KERAS_BACKEND"] = keras_backend
+    return env
+
+
+def command(framework: str, case: str, spec_path: str | os.PathLike[str], workers: dict[str, str] | None = None) -> list[str]:
+    module = (workers or WORKERS)[framework]
+    return [sys.executable, "-m", module, case, "--spec", str(spec_path)]
+
+
+def run_case(
+    framework: str,
+    case: str,
+    workload: Workload,
+    method: dict[str, Any],
+    workdir: str | os.PathLike[str],
+    tag: str,
+    *,
+    timeout: float,
+    threads: int,
+    keras_backend: str = "tensorflow",
+    workers: dict[str, str] | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Run ``case`` in a fresh interpreter; the worker's result dict, or ``{"error": ...}``.
+
+    ``workdir/tag.spec.json`` gets the spec, ``tag.result.json`` the result, ``tag.log`` the
+    output. ``fields`` go into the spec (``dir``, ``steps``, ``warmup``, ``reference``, ...).
+    """
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, out, log = work / f"{tag}.spec.json", work / f"{tag}.result.json", work / f"{tag}.log"
+    out.unlink(missing_ok=True)
+    started = time.time()  # restore_s counts from here: the spec is written right before the spawn
+    write_spec(spec_path, workload, method, out=str(out), threads=threads, keras_backend=keras_backend,
+               started_at=started, **fields)
+    cmd = command(framework, case, spec_path, workers)
+    with open(log, "w", encoding="utf-8") as logf:
+        try:
+            proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=worker_env(threads, keras_backend),
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f}s", "log": str(log)}
+    wall = time.time() - started
+    if proc.returncode != 0 or not out.exists():
+        tail = " | ".join(log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-4:])
+        return {"error": f"exit status {proc.returncode}: {tail}", "log": str(log)}
+    result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    result["process_wall_s"] = wall
+    return result
