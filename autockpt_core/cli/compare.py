@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import shutil
 import time
@@ -26,7 +27,7 @@ from rich.table import Table
 from .args import budget, duration
 from .bench import machine_info
 from .study import plots, report
-from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, WORKERS, write_json
+from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json
 from .study.runner import run_case
 from .study.workloads import Workload, preset
 
@@ -37,7 +38,9 @@ FRAMEWORK_PACKAGES = ("torch", "lightning", "keras", "tensorflow", "orbax-checkp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="scaled-down workloads, few steps, one repetition (a few minutes)")
+    parser.add_argument("--quick", action="store_true",
+                        help="scaled-down workloads, few steps, one repetition, restore runs for autockpt and the "
+                             "synchronous ModelCheckpoint only (a few minutes)")
     parser.add_argument("--out", default="autockpt-compare", help="directory for results.json, results.md and the PNGs")
     parser.add_argument("--frameworks", default="lightning,keras", help="lightning, keras or both (default)")
     parser.add_argument("--workloads", default="small,medium,large", help="which workloads (default all three)")
@@ -55,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     parser.add_argument("--keras-backend", default="tensorflow", help="KERAS_BACKEND of the Keras runs")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per worker process")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                        help="measure nothing: merge the results.json of earlier runs (e.g. one per workload) into --out")
 
 
 def _budgets(text: str) -> list[float]:
@@ -88,7 +93,10 @@ def plan_methods(framework: str, settings: dict[str, Any], only: set[str]) -> li
         methods.append({"name": name} if name == "none" else {"name": name, "every": settings["every"]})
         if name == "autockpt":
             methods += [{"name": "autockpt-budget", "budget": b} for b in settings["budgets"]]
-    return [m for m in methods if not only or report.method_key(m) in only or m["name"] in only or m["name"] == "none"]
+    if settings["budgets"]:  # the budget runs' own baseline: as long as they are (epoch ends, drift)
+        methods.insert(1, {"name": "none", "long": True})
+    keep = [m for m in methods if not only or report.method_key(m) in only or m["name"] in only or m["name"] == "none"]
+    return keep if any(m["name"] == "autockpt-budget" for m in keep) else [m for m in keep if not m.get("long")]
 
 
 def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -100,6 +108,8 @@ def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 
 def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
+    if args.merge:
+        return _merge(args)
     settings = settings_from_args(args)
     frameworks = _list(args.frameworks, tuple(WORKERS), "--frameworks")
     all_workloads = preset(settings["quick"])
@@ -121,10 +131,10 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
             key = report.method_key(method)
             progress.update(task, description=f"rep {rep + 1} {framework} {name} {key}")
             steps = settings["steps"]
-            if method["name"] == "autockpt-budget" and (framework, name) in step_s:
+            if (method["name"] == "autockpt-budget" or method.get("long")) and (framework, name) in step_s:
                 steps = max(steps, settings["warmup"] + round(settings["budget_window_s"] / step_s[(framework, name)]))
             run_ = _measure(framework, workloads[name], method, rep, steps, settings, scratch, args.timeout, workers)
-            if method["name"] == "none" and run_["train"].get("step_s") and (framework, name) not in step_s:
+            if method == {"name": "none"} and run_["train"].get("step_s") and (framework, name) not in step_s:
                 step_s[(framework, name)] = run_["train"]["step_s"]
             runs.append(run_)
             progress.advance(task)
@@ -143,21 +153,41 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
     results["targets"] = report.targets(results["rows"])
     results["wall_s"] = time.perf_counter() - started
     results["plots"] = [] if args.no_plots else _plots(results, out)
+    if not any("error" in r["train"] or "error" in (r["restore"] or {}) for r in runs):
+        shutil.rmtree(scratch, ignore_errors=True)  # logs of failed runs stay for reading
+    _write(results, out, console)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    parts = []
+    for directory in args.merge:
+        path = os.path.join(directory, "results.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"--merge: no results.json in {directory}")
+        with open(path, encoding="utf-8") as f:
+            parts.append(json.load(f))
+    results = report.merge(parts)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    results["plots"] = [] if args.no_plots else _plots(results, out)
+    _write(results, out, Console(width=200))
+    return 0
+
+
+def _write(results: dict[str, Any], out: str, console: Console) -> None:
     write_json(os.path.join(out, "results.json"), results)
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
         f.write(report.markdown(results))
-    if not any("error" in r["train"] or "error" in (r["restore"] or {}) for r in runs):
-        shutil.rmtree(scratch, ignore_errors=True)  # logs of failed runs stay for reading
     _print(results, console)
     console.print(f"wrote {out}/results.json, results.md" + "".join(f", {p}" for p in results["plots"])
                   + f"; wall time {results['wall_s']:.0f} s")
-    return 0
 
 
 def _ordered(methods: list[dict[str, Any]], rep: int) -> list[dict[str, Any]]:
     """Alternate the order between repetitions (slow drift of the machine hits every method alike).
 
-    The run without checkpointing stays first: its step time sizes the budget runs.
+    The run without checkpointing stays first: its step time sizes the budget runs (and their baseline).
     """
     return methods if rep % 2 == 0 else methods[:1] + list(reversed(methods[1:]))
 
@@ -174,7 +204,10 @@ def _measure(framework: str, workload: Workload, method: dict[str, Any], rep: in
     kw = {"timeout": timeout, "threads": settings["threads"], "keras_backend": settings["keras_backend"], "workers": workers}
     train = run_case(framework, "train", workload, method, workdir, "train", **kw, **common)
     restore = None
-    if settings["restore"] and method["name"] != "none" and "error" not in train and "skipped" not in train \
+    # --quick restores only autockpt and the framework's synchronous ModelCheckpoint (the comparison that
+    # matters most), to stay within a few minutes; the full study restores every method
+    restores = not settings["quick"] or method["name"] in ("autockpt", NATIVE_SYNC[framework])
+    if settings["restore"] and restores and method["name"] != "none" and "error" not in train and "skipped" not in train \
             and train.get("checkpoint_steps"):
         restore = run_case(framework, "restore", workload, method, workdir, "restore", **kw, **common)
     for name in os.listdir(workdir) if os.path.isdir(workdir) else []:  # checkpoints are big; logs stay

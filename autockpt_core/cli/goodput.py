@@ -258,24 +258,40 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Within 5% of the best fixed every-N (wall), and ≥ 30% less waste than per-epoch."""
-    fixed = [r for r in rows if r["kind"] == "every_n" and r["finished"]]
-    epoch = next((r for r in rows if r["kind"] == "every_epoch"), None)
+    """Within 5% of the best fixed every-N (wall), and ≥ 30% less waste than per-epoch.
+
+    Checked twice: on the measured wall times (one failure history per seed, on a shared machine)
+    and on the simulator's expectation for each method's measured costs (many histories).
+    """
     out = []
-    for r in rows:
-        if r["kind"] not in ("autockpt", "autockpt_mtbf"):
-            continue
-        if fixed:
-            best = min(fixed, key=lambda x: x["wall_s"])
-            ratio = r["wall_s"] / best["wall_s"]
-            out.append({"method": r["name"], "target": f"wall ≤ 1.05× best fixed ({best['name']})",
-                        "measured": f"{ratio:.3f}×", "met": r["finished"] and ratio <= 1.05})
-        if epoch:
-            if epoch["waste_s"] > 0:
-                cut = 1 - r["waste_s"] / epoch["waste_s"]
-                out.append({"method": r["name"], "target": "waste ≥ 30% below per-epoch",
+    for basis in ("measured", "expected"):
+        def wall(r: dict[str, Any]) -> float | None:
+            if basis == "measured":
+                return r["wall_s"] if r["finished"] else None
+            return (r.get("predicted") or {}).get("expected", {}).get("wall_s")
+
+        def waste(r: dict[str, Any]) -> float | None:
+            if basis == "measured":
+                return r["waste_s"]
+            p = r.get("predicted")
+            return p["expected"]["wall_s"] - p["inputs"]["work_s"] - p["inputs"]["restart_s"] if p else None
+
+        fixed = [r for r in rows if r["kind"] == "every_n" and wall(r) is not None]
+        epoch = next((r for r in rows if r["kind"] == "every_epoch" and waste(r) is not None), None)
+        label = "measured" if basis == "measured" else "simulator, measured costs"
+        for r in rows:
+            if r["kind"] not in ("autockpt", "autockpt_mtbf") or wall(r) is None:
+                continue
+            if fixed:
+                best = min(fixed, key=lambda x: wall(x))  # type: ignore[arg-type, return-value]
+                ratio = wall(r) / wall(best)  # type: ignore[operator]
+                out.append({"method": r["name"], "basis": label, "target": f"wall ≤ 1.05× best fixed ({best['name']})",
+                            "measured": f"{ratio:.3f}×", "met": ratio <= 1.05})
+            if epoch and (waste(epoch) or 0) > 0:
+                cut = 1 - waste(r) / waste(epoch)  # type: ignore[operator]
+                out.append({"method": r["name"], "basis": label, "target": "waste ≥ 30% below per-epoch",
                             "measured": f"{cut * 100:.0f}% less" + ("" if epoch["finished"] else " (per-epoch did not finish)"),
-                            "met": r["finished"] and cut >= 0.30})
+                            "met": cut >= 0.30})
     return out
 
 
@@ -313,7 +329,7 @@ def _print(run: dict[str, Any], console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     for t in run["targets"]:
-        console.print(f"{'met' if t['met'] else 'NOT met'}: {t['method']}: {t['target']} — {t['measured']}")
+        console.print(f"{'met' if t['met'] else 'NOT met'} ({t['basis']}): {t['method']}: {t['target']} — {t['measured']}")
 
 
 def markdown(runs: list[dict[str, Any]], header: dict[str, Any], plot: str | None) -> str:
@@ -326,8 +342,9 @@ def markdown(runs: list[dict[str, Any]], header: dict[str, Any], plot: str | Non
         lines += ["| " + " | ".join(r) + " |" for r in _table(run)]
         lines += ["", f"Kill times (s after each process start): {', '.join(f'{k:g}' for k in run['kill_times_s'])}.", ""]
         if run["targets"]:
-            lines += ["| method | target | measured | met |", "|---|---|---|---|"]
-            lines += [f"| {t['method']} | {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |" for t in run["targets"]]
+            lines += ["| method | target | basis | result | met |", "|---|---|---|---|---|"]
+            lines += [f"| {t['method']} | {t['target']} | {t['basis']} | {t['measured']} | {'yes' if t['met'] else 'no'} |"
+                      for t in run["targets"]]
             lines.append("")
     if plot:
         lines.append(f"![{plot}]({plot})")

@@ -60,7 +60,8 @@ def blocked_vs_size(rows: list[dict[str, Any]], path: str) -> None:
     for r in rows:
         if r["kind"] == "none" or r["method"].startswith("autockpt-budget") or not r.get("blocked_ms") or not r.get("state_bytes"):
             continue
-        series.setdefault(f"{r['framework']}: {r['label']}", []).append((r["state_bytes"], r["blocked_ms"]))
+        name = "autockpt (fixed interval)" if r["method"] == "autockpt" else r["label"]  # one line across intervals
+        series.setdefault(f"{r['framework']}: {name}", []).append((r["state_bytes"], r["blocked_ms"]))
     for i, (label, points) in enumerate(sorted(series.items())):
         points.sort()
         style = "-o" if "autockpt" in label else "--s"
@@ -113,7 +114,7 @@ def goodput_per_method(runs: list[dict[str, Any]], path: str) -> None:
         measured = [m.get("slowdown_factor") or 0 for m in methods]
         ax.barh([i - 0.2 for i in y], measured, 0.4, label="measured", color="C0")
         predicted = [m.get("predicted", {}).get("slowdown_factor") for m in methods]
-        ax.barh([i + 0.2 for i, p in zip(y, predicted) if p], [p for p in predicted if p], 0.4, label="simulator", color="C1")
+        ax.barh([i + 0.2 for i, p in zip(y, predicted) if p], [p for p in predicted if p], 0.4, label="simulator (expected, measured costs)", color="C1")
         ax.set_yticks(list(y))
         ax.set_yticklabels(names, fontsize=7)
         ax.axvline(1.0, color="0.6", lw=0.8)

@@ -30,6 +30,8 @@ LABELS = {
 
 def method_key(method: dict[str, Any]) -> str:
     """A unique, readable name of a method and its parameters."""
+    if method.get("long"):
+        return "none-long"
     if method["name"] == "autockpt-budget":
         return f"autockpt-budget-{method['budget'] * 100:g}%"
     return str(method["name"])
@@ -37,6 +39,8 @@ def method_key(method: dict[str, Any]) -> str:
 
 def method_label(method: dict[str, Any]) -> str:
     name = method["name"]
+    if method.get("long"):
+        return "no checkpointing, as long as the budget runs"
     if name == "autockpt":
         return f"autockpt, every {method['every']} steps"
     if name == "autockpt-budget":
@@ -65,7 +69,10 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((run["framework"], run["workload"], method_key(run["method"])), []).append(run)
     rows = []
     for (framework, workload, key), group in groups.items():
-        base = {r["rep"]: r["train"] for (f, w, k), g in groups.items() if (f, w, k) == (framework, workload, "none")
+        # budget runs (and the long baseline itself) are paired with the baseline of their own length
+        base_key = "none-long" if (key.startswith("autockpt-budget") or key == "none-long") \
+            and (framework, workload, "none-long") in groups else "none"
+        base = {r["rep"]: r["train"] for (f, w, k), g in groups.items() if (f, w, k) == (framework, workload, base_key)
                 for r in g if _ok(r["train"])}
         rows.append(_row(framework, workload, key, group, base))
     for row in rows:  # blocked time relative to the framework's synchronous ModelCheckpoint
@@ -79,7 +86,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], base: dict[int, dict[str, Any]]) -> dict[str, Any]:
     method = group[0]["method"]
     row: dict[str, Any] = {"framework": framework, "workload": workload, "method": key, "label": method_label(method),
-                           "kind": "none" if key == "none" else "autockpt" if key.startswith("autockpt") else "native",
+                           "kind": "none" if key.startswith("none") else "autockpt" if key.startswith("autockpt") else "native",
                            "budget": method.get("budget"), "repeats": len(group)}
     trains = [r for r in group if _ok(r["train"])]
     problems = [r["train"].get("skipped") or r["train"].get("error") for r in group if not _ok(r["train"])]
@@ -98,7 +105,7 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
                  if r["rep"] in base and r["train"].get("step_s") and base[r["rep"]].get("step_s")]
     row["slowdown"] = _median(slowdowns)
     row["slowdown_spread"] = _spread(slowdowns)
-    if key == "none":
+    if key.startswith("none"):
         return row
     blocked_all = [b for r in trains for b in r["train"].get("blocked_s", [])]
     firsts = [r["train"]["blocked_s"][0] for r in trains if r["train"].get("blocked_s")]
@@ -118,8 +125,12 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
         row["restore_s"] = _median(r.get("restore_s") for r in restores)
         row["restore_spread_s"] = _spread(r.get("restore_s") for r in restores)
         row["load_s"] = _median(r.get("load_s") for r in restores)
-        row["max_abs_diff"] = max(float(r.get("max_abs_diff", float("inf"))) for r in restores)
-        row["exact"] = all(bool(r.get("exact")) for r in restores)
+        # a checkpoint at the run's last step leaves nothing to resume: no exactness to judge from that restore
+        judged = [r for r in restores if r.get("resumed_step") is None or row.get("steps") is None
+                  or r["resumed_step"] < row["steps"]]
+        if judged:
+            row["max_abs_diff"] = max(float(r.get("max_abs_diff", float("inf"))) for r in judged)
+            row["exact"] = all(bool(r.get("exact")) for r in judged)
         row["resumed_step"] = restores[0].get("resumed_step")
         row["final_step"] = restores[0].get("final_step")
     return row
@@ -176,13 +187,13 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
         if spread:
             slow += f" ({spread[0] * 100:+.0f}…{spread[1] * 100:+.0f})"
         exact = "-" if "exact" not in r else "yes" if r["exact"] else f"no (max |Δw| {r['max_abs_diff']:.2g})"
-        interval = "-" if r["method"] == "none" else (
+        interval = "-" if r["kind"] == "none" else (
             f"{r['interval_steps']:.0f} steps" if r.get("interval_steps") else
             f"1 ckpt at step {r['first_checkpoint_step']:.0f}" if r.get("first_checkpoint_step") else "no checkpoint")
         out.append([
             r["framework"], r["workload"], r["label"], _fmt(r.get("step_ms"), ".1f"),
-            "-" if r["method"] == "none" else slow, interval,
-            f"{_fmt(r.get('blocked_ms'), '.1f')} ({_fmt(r.get('blocked_first_ms'), '.0f')})" if r["method"] != "none" else "-",
+            "-" if r["kind"] == "none" else slow, interval,
+            f"{_fmt(r.get('blocked_ms'), '.1f')} ({_fmt(r.get('blocked_first_ms'), '.0f')})" if r["kind"] != "none" else "-",
             _fmt(r.get("blocked_vs_native_sync"), ".3f"), _fmt(r.get("save_ms"), ".0f"),
             format_size(r["checkpoint_bytes"]) if r.get("checkpoint_bytes") else "-", r.get("format") or "-",
             f"{_fmt(r.get('restore_s'), '.1f')} ({_fmt(r.get('load_s'), '.2f')})" if r.get("restore_s") is not None else "-",
@@ -194,17 +205,23 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 def markdown(results: dict[str, Any]) -> str:
     """``results.md``: machine, command, workloads, the per-method table per framework, targets, plots."""
     m = results["machine"]
-    s = results["settings"]
     lines = [
         "# autockpt compare: checkpointing in PyTorch/Lightning and TensorFlow/Keras",
         "",
-        f"Machine: {m['description']}. Date {results['date']}. Command `{results['command']}` "
-        f"(wall time {results.get('wall_s', 0):.0f} s). Versions: "
+        f"Machine: {m['description']}. Versions: "
         + ", ".join(f"{k} {v}" for k, v in results.get("versions", {}).items()) + ".",
         "",
-        f"Every method checkpoints every {s['every']} steps except the budget runs (interval chosen by autockpt); "
-        f"{s['steps']} steps per run, the first {s['warmup']} excluded from step times; {s['threads']} intra-op "
-        f"thread(s); {s['repeats']} repetition(s), medians shown, spread = min…max over repetitions.",
+    ]
+    for src in results.get("sources") or [results]:
+        s = src["settings"]
+        lines += [
+            f"- `{src['command']}` ({src['date']}, wall time {src.get('wall_s', 0):.0f} s): every method checkpoints "
+            f"every {s['every']} steps except the budget runs (interval chosen by autockpt, "
+            f"{s.get('budget_window_s', 0):g} s of training each); {s['steps']} steps per run, the first {s['warmup']} "
+            f"excluded from step times; {s['threads']} intra-op thread(s); {s['repeats']} repetition(s), medians shown, "
+            "spread = min…max over repetitions.",
+        ]
+    lines += [
         "",
         "| workload | model | parameters | training state |",
         "|---|---|---|---|",
@@ -237,3 +254,24 @@ def markdown(results: dict[str, Any]) -> str:
     for plot in results.get("plots", []):
         lines.append(f"![{plot}]({plot})")
     return "\n".join(lines) + "\n"
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results dict from several ``results.json`` (e.g. one run per workload, each with its own interval).
+
+    Runs are concatenated (a workload measured in two parts keeps both); rows and targets are recomputed.
+    """
+    if not parts:
+        raise ValueError("nothing to merge")
+    out: dict[str, Any] = {
+        "machine": parts[0]["machine"], "versions": parts[0].get("versions", {}),
+        "date": max(p["date"] for p in parts), "command": " + ".join(p["command"] for p in parts),
+        "settings": parts[0]["settings"], "wall_s": sum(p.get("wall_s", 0) for p in parts),
+        "sources": [p for q in parts for p in (q.get("sources") or [{k: q[k] for k in ("command", "date", "settings", "wall_s")}])],
+        "frameworks": list(dict.fromkeys(f for p in parts for f in p["frameworks"])),
+        "workloads": {k: v for p in parts for k, v in p["workloads"].items()},
+        "runs": [r for p in parts for r in p["runs"]],
+    }
+    out["rows"] = summarize(out["runs"])
+    out["targets"] = targets(out["rows"])
+    return out
