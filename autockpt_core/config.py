@@ -26,6 +26,8 @@ from .units import parse_duration, parse_fraction
 
 SCHEDULES = ("uniform", "front_loaded")
 SNAPSHOT_MODES = ("auto", "sync", "overlap", "device")
+PERSIST_MODES = ("auto", "thread", "process")
+"""``persist_mode`` values; see :mod:`autockpt_core.persist.persist_mode`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Config:
             waits for it), "device" (CUDA: into a reserved GPU buffer, then drained to host
             in the background) or "auto" (chosen from the device, free GPU memory and the
             measured CPU default; the choice is logged). See ``docs/benchmarks.md``.
+        persist_mode: Where the background persist runs: "thread" (a writer thread in the
+            training process), "process" (a separate, lower-priority process that reads the
+            snapshot from shared memory, so the persist never holds the training's GIL; local
+            directories on Linux) or "auto" ("process" where possible unless CUDA is available,
+            whose buffers are pinned instead; the choice is logged). See ``docs/benchmarks.md``.
     """
 
     dirpath: str
@@ -83,6 +90,7 @@ class Config:
     signals: tuple[str, ...] = DEFAULT_SIGNALS
     on_preempt: str = "exit"
     snapshot_mode: str = "auto"
+    persist_mode: str = "auto"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -140,6 +148,13 @@ class Config:
                 self.snapshot_mode,
                 "is not a known snapshot mode",
                 f"use one of {', '.join(repr(m) for m in SNAPSHOT_MODES)}",
+            )
+        if self.persist_mode not in PERSIST_MODES:
+            raise ConfigError(
+                "persist_mode",
+                self.persist_mode,
+                "is not a known persist mode",
+                f"use one of {', '.join(repr(m) for m in PERSIST_MODES)}",
             )
         if self.schedule == "front_loaded" and self.mtbf is None:
             raise ConfigError(

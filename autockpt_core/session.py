@@ -56,6 +56,10 @@ from .persist import (
 )
 from .persist.directory import open_directory
 from .persist.names import checkpoint_name
+from .persist.persist_mode import choose_persist_mode
+from .persist.persist_process import PersistProcess, PortableWrite
+from .persist.shared_memory import SharedArena, shared_memory_supported
+from .persist.storage import LocalStorage
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
 from .summary import RunSummary
@@ -84,7 +88,9 @@ class Snapshot:
     ``write(file)`` must only read the snapshot buffers (it runs in the writer thread while
     training continues). ``nbytes`` is the tensor payload size. ``pending``: the part of the
     copy still in flight, if any (see :class:`PendingCopy`); ``mode`` names how the copy
-    was made (for the summary, e.g. "sync", "overlap", "device").
+    was made (for the summary, e.g. "sync", "overlap", "device"). ``portable``: the same
+    write for the persist process (``Config.persist_mode``); without it the snapshot is
+    written by the writer thread.
     """
 
     write: Callable[[IO[bytes]], object]
@@ -92,13 +98,21 @@ class Snapshot:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     pending: PendingCopy | None = None
     mode: str | None = None
+    portable: PortableWrite | None = None
 
 
 SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
 
 
 class CheckpointSession:
-    """See the module docstring for the call order and threading."""
+    """See the module docstring for the call order and threading.
+
+    Persist mode (``config.persist_mode``, chosen here and logged): in "process" mode the
+    session owns a :class:`SharedArena`, builds its buffers with ``shared_buffers(arena)``
+    (the adapter's pool over shared memory) and starts a persist process at ``open()`` that
+    imports ``persist_modules`` ahead of the first checkpoint. ``gpu``: the adapter would pin
+    its buffers (then "auto" keeps the writer thread).
+    """
 
     def __init__(
         self,
@@ -110,11 +124,31 @@ class CheckpointSession:
         storage: Storage | None = None,
         clock: Callable[[], float] = time.perf_counter,
         interval_adjuster: AdjusterSpec = None,
+        shared_buffers: Callable[[SharedArena], BufferPool[Any]] | None = None,
+        persist_modules: tuple[str, ...] = (),
+        gpu: bool = False,
     ) -> None:
         self.config = config
         self.framework = framework
         self.suffix = suffix
         self.storage = storage if storage is not None else storage_for(config.dirpath)
+        self.persist_mode = choose_persist_mode(
+            config.persist_mode,
+            async_persist=config.async_persist,
+            local=type(self.storage) is LocalStorage,
+            supported=shared_memory_supported(),
+            shareable=shared_buffers is not None,
+            gpu=gpu,
+        )
+        log.info("autockpt: persist in a %s (%s)", self.persist_mode.mode, self.persist_mode.reason)
+        self._arena: SharedArena | None = None
+        self._process: PersistProcess | None = None
+        if self.persist_mode.mode == "process" and shared_buffers is not None:
+            self._arena = SharedArena()
+            buffers = shared_buffers(self._arena)
+            self._process = PersistProcess(self._arena, persist_modules)
+            # A session dropped without close(): end the child, close the segments' descriptors.
+            weakref.finalize(self, _release_shared, self._process, self._arena)
         self.buffers: BufferPool[Any] = buffers if buffers is not None else BufferPool()
         self.clock = clock
         self.profiler = Profiler(config.warmup_steps, config.profile_window)
@@ -127,6 +161,7 @@ class CheckpointSession:
             run_async=config.async_persist,
             on_persisted=self._on_persisted,
             clock=clock,
+            process=self._process,
         )
         self.last_decision: Decision | None = None
         self._start_time: float | None = None
@@ -162,6 +197,8 @@ class CheckpointSession:
             return
         lock = open_directory(self.storage, self.framework, self.suffix, resume=self.config.resume)
         self._opened = True
+        if self._process is not None:
+            self._process.start()
         self._release_lock = weakref.finalize(self, lock.release) if lock is not None else None
 
     def close(self) -> None:
@@ -176,9 +213,23 @@ class CheckpointSession:
             try:
                 self.writer.close()
             finally:
+                if self._process is not None:
+                    self._process.close()  # a later save() starts it again
                 if self._release_lock is not None:
                     self._release_lock()  # lock.release(), once
                 self._release_lock, self._opened = None, False
+
+    def wait_for_persist_process(self, timeout: float = 60.0) -> bool:
+        """Block until the persist process is ready (benchmarks and tests; training thread,
+        no persist in flight). Until it is, checkpoints are written by the writer thread.
+        True at once without a persist process."""
+        self.open()
+        return self._process is None or self._process.wait_ready(timeout)
+
+    @property
+    def process_writes(self) -> int:
+        """Checkpoint files the persist process wrote in this session (0 without one)."""
+        return self._process.writes if self._process is not None else 0
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -256,15 +307,16 @@ class CheckpointSession:
         all_meta = {**(meta or {}), **snap.meta}
         if reason:
             all_meta.setdefault("reason", reason)
-        write = snap.write if snap.pending is None else _after(snap.pending, snap.write)
         job = PersistJob(
             name=self._free_name(step),
             step=step,
             epoch=epoch,
             framework=self.framework,
-            write=write,
+            write=snap.write,
             meta=all_meta,
             run=self.run,
+            ready=snap.pending.wait if snap.pending is not None else None,
+            portable=snap.portable,
         )
         self.writer.submit(job)
         stall = self.clock() - start
@@ -386,11 +438,8 @@ class CheckpointSession:
         return read_manifest(self.storage)
 
 
-def _after(pending: PendingCopy, write: Callable[[IO[bytes]], object]) -> Callable[[IO[bytes]], object]:
-    """``write`` preceded, in the writer thread, by the wait for the copy it reads."""
-
-    def write_when_copied(file: IO[bytes]) -> object:
-        pending.wait()
-        return write(file)
-
-    return write_when_copied
+def _release_shared(process: PersistProcess, arena: SharedArena) -> None:
+    try:
+        process.close()
+    finally:
+        arena.close()

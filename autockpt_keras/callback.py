@@ -74,6 +74,8 @@ from autockpt_core import (
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
+from autockpt_core.persist.shared_memory import numpy_shared_pool
+from autockpt_core.persist.tensorfile import WRITE_TENSORS
 
 from .checkpoint_event import CheckpointEvent
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, read_record
@@ -161,6 +163,10 @@ class AutoCheckpoint(keras.callbacks.Callback):
         snapshot_mode: Where the snapshot copy runs. The Keras adapter always copies on the
             training thread before the hook returns ("sync"; on the torch backend with CUDA
             through a copy stream into pinned buffers); "overlap"/"device" log a warning.
+        persist_mode: Where the file is written: "process" (a lower-priority process reading
+            the snapshot buffers from shared memory, so the persist never holds the training
+            thread's GIL), "thread" (a writer thread) or "auto" ("process" on Linux with a
+            local ``dirpath``, unless the torch backend has CUDA).
         config: A ready :class:`~autockpt_core.Config`; explicit settings above override it.
         save_on_train_end: Take a final checkpoint when ``fit()`` returns normally and the
             state advanced since the newest checkpoint, so a rerun with more epochs continues
@@ -211,6 +217,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         signals: tuple[str, ...] = _DEFAULTS["signals"],
         on_preempt: str = _DEFAULTS["on_preempt"],
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
+        persist_mode: str = _DEFAULTS["persist_mode"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,
@@ -270,8 +277,16 @@ class AutoCheckpoint(keras.callbacks.Callback):
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
         backend = keras.backend.backend()
         self._backend = backend
+        pinned = buffer_pool_for(backend)  # pinned buffers (torch backend with CUDA) cannot be shared
         self.session = CheckpointSession(
-            self.config, framework=FRAMEWORK, suffix=SUFFIX, storage=self._storage, buffers=buffer_pool_for(backend)
+            self.config,
+            framework=FRAMEWORK,
+            suffix=SUFFIX,
+            storage=self._storage,
+            buffers=pinned,
+            shared_buffers=numpy_shared_pool if pinned is None else None,
+            persist_modules=(WRITE_TENSORS.partition(":")[0],),
+            gpu=pinned is not None,
         )
         self._session_open = True
         self._copier = copier_for(backend, self.model)

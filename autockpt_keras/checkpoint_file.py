@@ -35,6 +35,8 @@ from autockpt_core import (
     write_tensor_file,
 )
 from autockpt_core.persist import Storage, location_of
+from autockpt_core.persist.persist_process import PortableWrite
+from autockpt_core.persist.tensorfile import WRITE_TENSORS
 
 from .resume_point import ResumePoint
 
@@ -88,7 +90,8 @@ def make_snapshot(arrays: dict[str, np.ndarray], metadata: Mapping[str, str]) ->
         return write_tensor_file(out, arrays, header)
 
     nbytes = sum(int(a.nbytes) for a in arrays.values())
-    return Snapshot(write=write, nbytes=nbytes)
+    portable = PortableWrite(WRITE_TENSORS, {"arrays": arrays, "metadata": header})
+    return Snapshot(write=write, nbytes=nbytes, portable=portable)
 
 
 def read_checkpoint_bytes(data: bytes | memoryview, path: str) -> tuple[dict[str, np.ndarray], CheckpointInfo]:

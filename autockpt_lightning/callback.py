@@ -25,9 +25,13 @@ core policy. Call order (all on the training thread)::
                         the session's reusable host buffers before the hook returns
                         (snapshot_mode "overlap" and "device": parameters and optimizer state
                         are copied during the next step instead); torch.save() of that copy
-                        runs in the session's background writer thread
+                        runs in the session's persist process (persist_mode "process", the
+                        default on Linux without CUDA) or background writer thread
     on_before_optimizer_step  session.before_update(): the next optimizer step waits for an
                         overlapping copy (CheckFreq's rule; nothing to wait for in "sync")
+    on_train_batch_end  (also) BufferWarmup: at the first step, and when the optimizers' state
+                        grew, the session's buffers for the coming checkpoints are allocated
+                        and faulted in by a background thread (no cold start)
     on_train_batch_end  (also) a checkpoint due at the last batch of an epoch or right before
                         validation is taken one step later (Lightning cannot resume exactly
                         from there; rank 0 decides); after a signal: an emergency checkpoint
@@ -95,11 +99,13 @@ from autockpt_core import (
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
-from autockpt_torch import TorchSnapshotter, save_tree, torch_buffer_pool
+from autockpt_core.persist.persist_process import PortableWrite
+from autockpt_torch import WRITE_TREE, TorchSnapshotter, save_tree, torch_buffer_pool, torch_shared_pool
 from autockpt_torch.staging import optimizer_owned
 
 from . import resume as _resume
 from .auto_resume import CONTINUES_EXACTLY, FINAL_REASON, apply_exact_state, load_newest
+from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import agree, check_strategy, raise_agreed_failure, raise_if_any_failed, warn_if_slurm_requeue
 from .events import CheckpointEvent
@@ -169,6 +175,7 @@ class AutoCheckpoint(Callback):
         signals: tuple[str, ...] = _DEFAULTS["signals"],
         on_preempt: str = _DEFAULTS["on_preempt"],
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
+        persist_mode: str = _DEFAULTS["persist_mode"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,
@@ -181,6 +188,7 @@ class AutoCheckpoint(Callback):
         self._storage = storage
         self._session: CheckpointSession | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
+        self._warmup = BufferWarmup()  # new per fit
         self._restore_state: dict[str, Any] | None = None  # from load_state_dict, applied in on_train_start
         self._rng_for_save: dict[int, dict[str, Any]] | None = None
         self._preemption: PreemptionHandler | None = None
@@ -227,6 +235,7 @@ class AutoCheckpoint(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         previous = self._session
         self._session = self._new_session() if trainer.is_global_zero else None
+        self._warmup = BufferWarmup()
         if self._session is not None and previous is not None and trainer.global_step > 0:
             # A second fit() continues the trainer in memory: the same run, for retention.
             self._session.run = previous.run
@@ -285,6 +294,7 @@ class AutoCheckpoint(Callback):
                 decision = session.step_end(step, loss=self._last_loss)
             except Exception as exc:  # a background write error: every rank stops with it
                 error = exc
+            self._warmup.after_step(trainer, session.buffers)
         save = decision is not None and decision.save
         reason = decision.reason if decision is not None else ""
         signum = self._signum()
@@ -377,6 +387,9 @@ class AutoCheckpoint(Callback):
             suffix=SUFFIX,
             buffers=torch_buffer_pool(),
             storage=self._storage,
+            shared_buffers=torch_shared_pool,
+            persist_modules=(WRITE_TREE.partition(":")[0],),
+            gpu=torch.cuda.is_available(),
         )
 
     def _finish_session(self, trainer: pl.Trainer, raise_errors: bool) -> None:
@@ -495,6 +508,7 @@ class AutoCheckpoint(Callback):
                 nbytes=copied_bytes,
                 pending=pending,
                 mode=snapshotter.mode,
+                portable=PortableWrite(WRITE_TREE, {"tree": tree}),
             )
 
         stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)

@@ -12,6 +12,9 @@ import numpy as np
 import torch
 
 from autockpt_core import BufferPool
+from autockpt_core.persist.shared_memory import SharedArena, SharedRef
+
+TENSOR_VIEW = "autockpt_torch.host_buffers:tensor_view"
 
 
 def torch_buffer_pool(pin_memory: bool | None = None) -> BufferPool[torch.Tensor]:
@@ -21,7 +24,37 @@ def torch_buffer_pool(pin_memory: bool | None = None) -> BufferPool[torch.Tensor
     def allocate(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
-    return BufferPool(allocate=allocate, nbytes=tensor_nbytes)
+    return BufferPool(allocate=allocate, nbytes=tensor_nbytes, touch=touch_tensor)
+
+
+def torch_shared_pool(arena: SharedArena) -> BufferPool[torch.Tensor]:
+    """A :class:`BufferPool` of CPU tensors over shared-memory segments (not pinned), read by
+    the persist process (``Config.persist_mode="process"``)."""
+
+    def allocate(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        segment, memory = arena.allocate(nbytes)
+        tensor = tensor_view(memory, dtype, tuple(shape))
+        arena.register(tensor, SharedRef(segment, TENSOR_VIEW, dtype, tuple(shape)))
+        return tensor
+
+    return BufferPool(allocate=allocate, nbytes=tensor_nbytes, release=arena.release, touch=touch_tensor)
+
+
+def tensor_view(memory: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A CPU tensor of ``dtype`` and ``shape`` over a mapped segment (both processes)."""
+    raw = torch.frombuffer(memory, dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def touch_tensor(tensor: torch.Tensor) -> None:
+    """Fault in every page of a CPU buffer without holding the GIL or using torch's threads."""
+    if tensor.numel():
+        import ctypes
+
+        ctypes.memset(tensor.data_ptr(), 0, tensor_nbytes(tensor))
 
 
 def numpy_pinned_pool() -> BufferPool[np.ndarray]:

@@ -30,7 +30,10 @@ from autockpt_core import BufferPool
 from .host_buffers import torch_buffer_pool
 from .staging import TorchSnapshotter
 
-__all__ = ["save_tree", "snapshot_tree", "torch_buffer_pool"]
+__all__ = ["WRITE_TREE", "save_tree", "snapshot_tree", "torch_buffer_pool", "write_tree"]
+
+WRITE_TREE = "autockpt_torch.snapshot:write_tree"
+""":func:`write_tree` by name, for ``PortableWrite``."""
 
 
 def snapshot_tree(state: Any, pool: BufferPool[torch.Tensor], threads: int | None = 1) -> tuple[Any, int]:
@@ -96,6 +99,12 @@ def save_tree(tree: Any, file: IO[bytes], *, zip_crc32: bool = True) -> None:
         if keeper.error is not None:
             raise keeper.error from None
         raise
+
+
+def write_tree(file: IO[bytes], *, tree: Any, zip_crc32: bool = True) -> None:
+    """:func:`save_tree` with the file first: the persist process's entry point
+    (``PortableWrite("autockpt_torch.snapshot:write_tree", {"tree": ..., "zip_crc32": ...})``)."""
+    save_tree(tree, file, zip_crc32=zip_crc32)
 
 
 def _save_without_zip_crc(tree: Any, file: Any) -> bool:

@@ -11,9 +11,11 @@ Per state size:
   Lightning ``.ckpt`` and a Keras ``.safetensors`` checkpoint, next to ``torch.save`` + fsync
   and Lightning's ``TorchCheckpointIO``;
 - training runs with a checkpoint every ``--every`` steps: no checkpointing (twice, before
-  and after, for the noise), autockpt (copy on the training thread and overlapped),
-  Lightning ``ModelCheckpoint``, ``ModelCheckpoint`` + ``AsyncCheckpointIO``; Keras: none,
-  autockpt, ``ModelCheckpoint`` (``.weights.h5``).
+  and after, for the noise), autockpt (copy on the training thread, persisted by the
+  persist process or by a writer thread; copy overlapped), Lightning ``ModelCheckpoint``,
+  ``ModelCheckpoint`` + ``AsyncCheckpointIO``; Keras: none, autockpt (both persist modes),
+  ``ModelCheckpoint`` (``.weights.h5``). Runs wait for the persist process to be ready
+  before training (steady state).
 
 Figures: stall per checkpoint (ms) and ÷ memcpy floor; persist throughput and ÷ raw write;
 extra peak host memory (VmHWM minus the run without checkpointing) ÷ state bytes; mean step
@@ -50,11 +52,12 @@ WORKERS = {
 HELP = "measure snapshot stall, persist throughput, memory and training slowdown vs the physical limits and baselines"
 
 DEFAULT_SIZES = "10MB,100MB,1GB,4GB"
-LIGHTNING_METHODS = ("none", "autockpt", "autockpt-overlap", "modelcheckpoint", "async", "none")
-KERAS_METHODS = ("none", "autockpt", "modelcheckpoint", "none")
+LIGHTNING_METHODS = ("none", "autockpt", "autockpt-thread", "autockpt-overlap", "modelcheckpoint", "async", "none")
+KERAS_METHODS = ("none", "autockpt", "autockpt-thread", "modelcheckpoint", "none")
 LABELS = {
-    "autockpt": "autockpt (copy on training thread)",
-    "autockpt-overlap": "autockpt (copy overlapped)",
+    "autockpt": "autockpt (sync copy, persist process)",
+    "autockpt-thread": "autockpt (sync copy, persist thread)",
+    "autockpt-overlap": "autockpt (copy overlapped, persist process)",
     "modelcheckpoint": "ModelCheckpoint",
     "async": "ModelCheckpoint + AsyncCheckpointIO",
 }
@@ -217,6 +220,8 @@ def summarize(results: dict[str, Any]) -> None:
                     row["persist_gbps"] = r["file_bytes"] / r["persist_s"] / 1e9
                     row["persist_raw"] = (r["file_bytes"] / r["persist_s"]) / raw_rate if raw_rate else None
                 row["mem_ratio"] = (r["peak_rss_bytes"] - base_rss) / state
+                row["overlap_ratio"] = r.get("overlap_ratio")
+                row["persist_mode"] = r.get("persist_mode")
                 row["step_ms"] = _step_s(r) * 1e3
                 row["slowdown"] = _step_s(r) / base_step - 1.0
                 row["runs"] = r["runs"]
@@ -265,7 +270,8 @@ def _fmt(value: Any, spec: str) -> str:
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
     """(headers, rows) of the training table and of the isolated table, as strings."""
     train_head = ["size", "framework", "method", "stall ms (median / first)", "stall ÷ memcpy", "persist GB/s", "persist ÷ raw",
-                  "extra host mem ÷ state", "step ms (median)", "slowdown", "slowdown ÷ ModelCheckpoint's"]
+                  "extra host mem ÷ state", "step ms (median)", "slowdown", "slowdown ÷ ModelCheckpoint's",
+                  "step overlapping a persist ÷ clean"]
     train: list[list[str]] = []
     iso_head = ["size", "memcpy GB/s", "raw write+fsync GB/s", "autockpt copy ms (÷ memcpy)",
                 "autockpt .ckpt GB/s (÷ raw)", ".ckpt with zip CRC", "autockpt .safetensors (÷ raw)",
@@ -285,6 +291,7 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
                 persist, _fmt(row.get("persist_raw"), ".2f"), _fmt(row.get("mem_ratio"), ".2f"),
                 _fmt(row.get("step_ms"), ".1f"), _fmt(row.get("slowdown") * 100 if row.get("slowdown") is not None else None, "+.0f") + "%",
                 _fmt(row.get("slowdown_vs_modelcheckpoint"), ".2f"),
+                _fmt(row.get("overlap_ratio"), ".2f"),
             ])
         i = entry.get("isolated") or {}
         pair = _pair_formatter(i)

@@ -84,6 +84,11 @@ class LocalStorage:
     def location(self) -> str:
         return str(self.root)
 
+    @property
+    def fsync(self) -> bool:
+        """Whether writes are fsync'ed (the persist process writes the same way)."""
+        return self._fsync
+
     def _path(self, name: str) -> Path:
         if not name or "/" in name or "\\" in name or name in (".", ".."):
             raise ValueError(f"storage names are plain file names, got {name!r}")

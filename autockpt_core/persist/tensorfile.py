@@ -15,6 +15,9 @@ from typing import IO, Any, Mapping
 
 import numpy as np
 
+WRITE_TENSORS = "autockpt_core.persist.tensorfile:write_tensor_file"
+""":func:`write_tensor_file` by name, for the persist process (``PortableWrite``)."""
+
 _TO_ST = {
     "bool": "BOOL",
     "uint8": "U8",

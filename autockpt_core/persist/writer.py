@@ -37,7 +37,8 @@ from .manifest import (
     read_manifest,
     write_manifest,
 )
-from .storage import NotDurableError, Storage, location_of
+from .persist_process import PersistProcess, PersistProcessError, PortableWrite
+from .storage import LocalStorage, NotDurableError, Storage, location_of
 
 log = logging.getLogger("autockpt")
 
@@ -47,6 +48,9 @@ class PersistJob:
     """Everything the writer needs; ``write`` serializes the snapshot into a file object.
 
     ``run``: the id of the run the record belongs to (retention counts per framework and run).
+    ``ready``: called first, in the writer thread (waits for a snapshot copy still in flight).
+    ``portable``: the same write as something the persist process can run (used when the
+    writer has one; else ``write`` runs in the writer thread).
     """
 
     name: str
@@ -56,6 +60,8 @@ class PersistJob:
     write: Callable[[IO[bytes]], object]
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     run: str | None = None
+    ready: Callable[[], None] | None = None
+    portable: PortableWrite | None = None
 
 
 PersistCallback = Callable[[CheckpointRecord, float], None]
@@ -75,7 +81,9 @@ class CheckpointWriter:
     Training-thread API: ``submit``, ``busy``, ``wait``, ``raise_if_failed``, ``close``.
     ``on_persisted(record, seconds)`` is called from the writer thread after each commit.
     ``clock`` times the persist; ``wall_clock`` stamps ``created`` (information only: records
-    are ordered by their ``seq``).
+    are ordered by their ``seq``). ``process``: a persist process that writes the file of
+    jobs that have a ``portable`` write once it is ready (local storage only; until then, this
+    thread writes them); the commit stays here.
     """
 
     def __init__(
@@ -86,6 +94,7 @@ class CheckpointWriter:
         on_persisted: PersistCallback | None = None,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        process: PersistProcess | None = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -95,6 +104,7 @@ class CheckpointWriter:
         self._on_persisted = on_persisted
         self._clock = clock
         self._wall_clock = wall_clock
+        self._process = process if isinstance(storage, LocalStorage) else None
         self._thread: threading.Thread | None = None
         self._failure: PersistFailure | None = None
         self._warnings: list[str] = []
@@ -165,7 +175,13 @@ class CheckpointWriter:
     def _persist(self, job: PersistJob) -> CheckpointRecord:
         stage = "write"
         try:
-            result = self._storage.write_atomic(job.name, job.write)
+            if job.ready is not None:
+                job.ready()
+            if self._process is not None and job.portable is not None and self._process.ready():
+                assert isinstance(self._storage, LocalStorage)
+                result = self._process.write_atomic(self._storage, job.name, job.portable)
+            else:
+                result = self._storage.write_atomic(job.name, job.write)
             stage = "commit"
             records = read_manifest(self._storage)
             record = CheckpointRecord.from_write(
@@ -183,6 +199,14 @@ class CheckpointWriter:
         """Remove the new file where it is in place but not listed; say what is left."""
         if stage == "commit" and isinstance(error, NotDurableError):
             return self._failure_of("durable", job, error)  # listed: it stays
+        if stage == "write" and isinstance(error, PersistProcessError):
+            # The persist process died mid-write: its temporary file may be left. Nothing
+            # else writes in this directory now (the session holds its lock), so remove it.
+            try:
+                self._storage.cleanup_temporaries()
+            except OSError as removal:
+                return self._failure_of(stage, job, error, f"{self._storage.location} (temporary files)", removal)
+            return self._failure_of(stage, job, error)
         if stage == "write" and not isinstance(error, NotDurableError):
             return self._failure_of(stage, job, error)  # write_atomic removed its temporary file
         try:

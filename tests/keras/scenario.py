@@ -122,14 +122,28 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def train(dirpath: Path, epochs: int, seed: int | None = None, **kwargs: Any) -> dict[str, Any]:
+class WaitForPersistProcess(keras.callbacks.Callback):
+    """After AutoCheckpoint: every checkpoint of the fit goes to a ready persist process."""
+
+    def __init__(self, auto: AutoCheckpoint) -> None:
+        super().__init__()
+        self.auto = auto
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        assert self.auto.session is not None and self.auto.session.wait_for_persist_process(60)
+
+
+def train(
+    dirpath: Path, epochs: int, seed: int | None = None, wait_for_persist: bool = False, **kwargs: Any
+) -> dict[str, Any]:
     if seed is not None:
         keras.utils.set_random_seed(seed)
     model = make_model()
     auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=100, warmup_steps=2, verbose=False, **kwargs)
     probe = Probe(auto)
     x, y = data()
-    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[auto, probe])
+    callbacks: list[Any] = [auto, probe] + ([WaitForPersistProcess(auto)] if wait_for_persist else [])
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=callbacks)
     out = probe.out
     out["history"] = {k: [float(v) for v in vals] for k, vals in history.history.items()}
     out["events"] = [
@@ -141,6 +155,8 @@ def train(dirpath: Path, epochs: int, seed: int | None = None, **kwargs: Any) ->
     out["digest"] = weights_digest(model)
     out["latest"] = latest_checkpoint(dirpath)
     out["summary"] = auto.summary.line() if auto.summary else None
+    out["persist_mode"] = auto.session.persist_mode.mode if auto.session is not None else None
+    out["process_writes"] = auto.session.process_writes if auto.session is not None else None
     return out
 
 
@@ -380,7 +396,7 @@ def main() -> None:
             result["rng"] = rng_roundtrip()
             result["inputs"] = input_checks()
         elif phase == "resume":
-            result["run"] = train(workdir / "run", epochs=4)
+            result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
             result["outside"] = outside_fit(workdir)
         else:

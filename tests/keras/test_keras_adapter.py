@@ -91,6 +91,14 @@ def test_every_n_steps_spacing_is_exact(results: dict[str, Any]) -> None:
     assert finals == [(20, 2)]
 
 
+def test_checkpoints_are_written_by_the_persist_process(results: dict[str, Any]) -> None:
+    run = results["resume"]["run"]  # waited for the process to be ready before training
+    if sys.platform != "linux":
+        pytest.skip("the persist process needs Linux (memfd_create)")
+    assert run["persist_mode"] == "process"
+    assert run["process_writes"] == len(run["events"]) == 8  # seven every_n_steps, one final
+
+
 def test_checkpoint_files_are_standard_safetensors(results: dict[str, Any]) -> None:
     files = results["first"]["run_files"]
     assert [f["step"] for f in files] == [3, 6, 9, 12, 15, 18, 20]

@@ -2,7 +2,8 @@
 
 ``python -m autockpt_core.cli.workers.keras_bench train --method M --bytes N --dir D [--every K] [--checkpoints C]``
     fits a square MLP with Adam whose training state is ~N bytes for ``(C + 1)·K - 1`` steps with a
-    checkpoint every K steps (M: ``none``, ``autockpt``, ``modelcheckpoint`` = Keras'
+    checkpoint every K steps (M: ``none``, ``autockpt``, ``autockpt-thread`` (persist_mode
+    "thread"), ``modelcheckpoint`` = Keras'
     ``ModelCheckpoint(save_weights_only=True)`` writing ``.weights.h5``: weights only, no
     optimizer state, no fsync) and reports the stall per checkpoint (time in the method's
     ``on_train_batch_end``), persist time, file size, mean step time after warm-up and peak
@@ -19,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-from .measure import emit, mlp_layout, stall_figures, step_times
+from .measure import emit, mlp_layout, overlap_figures, record_persist_windows, stall_figures, step_times
 
-METHODS = ("none", "autockpt", "modelcheckpoint")
+METHODS = ("none", "autockpt", "autockpt-thread", "modelcheckpoint")
 BATCH = 16
 
 
@@ -46,6 +47,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     marks: dict[int, float] = {}
     hooks: list[tuple[float, float]] = []
     saves: list[float] = []
+    windows: list[tuple[float, float]] = []
 
     class StepTimer(keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -63,13 +65,22 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
 
         setattr(callback, name, timed)
 
+    class WaitForPersistProcess(keras.callbacks.Callback):
+        """Steady state: see the Lightning worker's twin."""
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            if tracked is not None and getattr(tracked, "session", None) is not None:
+                tracked.session.wait_for_persist_process()
+
     callbacks: list[Any] = [StepTimer()]
     tracked: Any = None
-    if method == "autockpt":
+    if method.startswith("autockpt"):
         extra: dict[str, Any] = {"signals": ()} if "signals" in inspect.signature(AutoCheckpoint).parameters else {}
         tracked = AutoCheckpoint(
-            directory, every_n_steps=every, keep_last=2, resume=False, verbose=False, save_on_train_end=False, **extra
+            directory, every_n_steps=every, keep_last=2, resume=False, verbose=False, save_on_train_end=False,
+            persist_mode="thread" if method == "autockpt-thread" else "auto", **extra,
         )
+        record_persist_windows(windows)
     elif method == "modelcheckpoint":
         tracked = keras.callbacks.ModelCheckpoint(
             os.path.join(directory, "weights.weights.h5"), save_weights_only=True, save_freq=every
@@ -88,7 +99,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
     if tracked is not None:
         time_hook(tracked, "on_train_batch_end", hooks)
-        callbacks.append(tracked)
+        callbacks += [tracked, WaitForPersistProcess()]
     model.fit(x, x, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     state = list(model.variables) + list(model.optimizer.variables)
     nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in state)
@@ -99,7 +110,8 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     }
     if tracked is not None:
         result.update(stall_figures(hooks, marks, warm, every))
-    if method == "autockpt":
+        result.update(overlap_figures(marks, hooks, windows, warm))
+    if method.startswith("autockpt"):
         session = tracked.session
         records = session.records()
         result.update(
@@ -108,6 +120,8 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
             buffer_peak_bytes=session.buffers.peak_bytes,
             buffer_allocations=session.buffers.allocations,
             copy_mode="sync",
+            persist_mode=session.persist_mode.mode,
+            process_writes=session.process_writes,
         )
     elif method == "modelcheckpoint":
         path = os.path.join(directory, "weights.weights.h5")

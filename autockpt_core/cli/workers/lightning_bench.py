@@ -2,10 +2,12 @@
 
 ``python -m autockpt_core.cli.workers.lightning_bench train --method M --bytes N --dir D [--every K] [--checkpoints C]``
     trains a square MLP with Adam whose training state is ~N bytes for ``(C + 1)·K - 1`` steps with
-    a checkpoint every K steps (M: ``none``, ``autockpt`` (snapshot_mode "sync"),
-    ``autockpt-overlap``, ``modelcheckpoint``, ``async`` = ModelCheckpoint with
-    AsyncCheckpointIO) and reports per-checkpoint stall, persist time, file size, the mean
-    step time after warm-up and the peak resident memory.
+    a checkpoint every K steps (M: ``none``, ``autockpt`` (snapshot_mode "sync", the default
+    persist_mode), ``autockpt-overlap``, ``autockpt-thread`` (persist_mode "thread"),
+    ``modelcheckpoint``, ``async`` = ModelCheckpoint with AsyncCheckpointIO) and reports
+    per-checkpoint stall, persist time, file size, the mean step time after warm-up, the
+    step time of iterations overlapping a background persist vs clean ones, and the peak
+    resident memory.
 ``python -m autockpt_core.cli.workers.lightning_bench persist --bytes N --dir D [--reps R]``
     times, without training, the copy into reusable buffers and the persist of a
     dump_checkpoint-shaped tree: autockpt's path, the same with torch's zip CRC, plain
@@ -31,9 +33,9 @@ from typing import Any
 import torch
 
 from ...persist.storage import LocalStorage
-from .measure import emit, mlp_layout, stall_figures, step_times, timed
+from .measure import emit, mlp_layout, overlap_figures, record_persist_windows, stall_figures, step_times, timed
 
-METHODS = ("none", "autockpt", "autockpt-overlap", "modelcheckpoint", "async")
+METHODS = ("none", "autockpt", "autockpt-overlap", "autockpt-thread", "modelcheckpoint", "async")
 BATCH = 16
 
 
@@ -54,7 +56,7 @@ def hook_timer(obj: Any, names: tuple[str, ...], log: list[tuple[float, float]])
 
 
 
-def _timed_method(obj: Any, name: str, log: list[float]) -> None:
+def _timed_method(obj: Any, name: str, log: list[float], windows: list[tuple[float, float]]) -> None:
     original = getattr(obj, name)
 
     def timed_call(*args: Any, **kwargs: Any) -> Any:
@@ -63,6 +65,7 @@ def _timed_method(obj: Any, name: str, log: list[float]) -> None:
             return original(*args, **kwargs)
         finally:
             log.append(time.perf_counter() - start)
+            windows.append((start, time.perf_counter()))
 
     setattr(obj, name, timed_call)
 
@@ -101,6 +104,16 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     marks: dict[int, float] = {}
     hooks: list[tuple[float, float]] = []
     persist_log: list[float] = []
+    windows: list[tuple[float, float]] = []  # background persists: (start, end)
+
+    class WaitForPersistProcess(Callback):
+        """Steady state: the first checkpoints would otherwise be written by the writer thread
+        while the persist process still imports torch (autockpt_core.persist.persist_process)."""
+
+        def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            session = getattr(tracked, "session", None)  # autockpt only
+            if session is not None:
+                session.wait_for_persist_process()
 
     class StepTimer(Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -110,20 +123,22 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
             io = trainer.strategy.checkpoint_io
             inner = getattr(io, "checkpoint_io", None) if isinstance(io, AsyncCheckpointIO) else io
-            _timed_method(inner, "save_checkpoint", persist_log)
+            _timed_method(inner, "save_checkpoint", persist_log, windows if inner is not io else [])
 
     torch.manual_seed(0)
     x = torch.randn(total_steps * BATCH, width)
     loader = DataLoader(TensorDataset(x, x.clone()), batch_size=BATCH, shuffle=False)
-    callbacks: list[Any] = [StepTimer()]
+    callbacks: list[Any] = [StepTimer(), WaitForPersistProcess()]
     plugins: list[Any] = []
     tracked: Any = None
     if method.startswith("autockpt"):
         extra: dict[str, Any] = {"signals": ()} if "signals" in {f.name for f in dataclasses.fields(Config)} else {}
         tracked = AutoCheckpoint(
             directory, every_n_steps=every, keep_last=2, resume=False, verbose=False,
-            snapshot_mode="overlap" if method == "autockpt-overlap" else "sync", **extra,
+            snapshot_mode="overlap" if method == "autockpt-overlap" else "sync",
+            persist_mode="thread" if method == "autockpt-thread" else "auto", **extra,
         )
+        record_persist_windows(windows)
         hook_timer(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
         callbacks.append(tracked)
     elif method in ("modelcheckpoint", "async"):
@@ -155,6 +170,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     }
     if tracked is not None:
         result.update(stall_figures(hooks, marks, warm, every))
+        result.update(overlap_figures(marks, hooks, windows, warm))
     if method.startswith("autockpt"):
         session = tracked.session
         est = session.estimates()
@@ -164,6 +180,9 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         result["buffer_peak_bytes"] = session.buffers.peak_bytes
         result["buffer_allocations"] = session.buffers.allocations
         result["copy_mode"] = tracked._snapshotter.mode
+        result["persist_mode"] = session.persist_mode.mode
+        result["prefaulted_bytes"] = session.buffers.prefaulted_bytes
+        result["process_writes"] = session.process_writes
     elif method in ("modelcheckpoint", "async"):
         files = [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".ckpt")]
         result["persist_s"] = statistics.median(persist_log) if persist_log else None

@@ -106,6 +106,53 @@ def stall_figures(
     }
 
 
+def record_persist_windows(windows: list[tuple[float, float]]) -> None:
+    """Append ``(start, end)`` of every background persist in this process to ``windows``
+    (wraps ``CheckpointWriter._run``, which spans a whole persist in either persist mode)."""
+    from ...persist.writer import CheckpointWriter
+
+    original = CheckpointWriter._run
+
+    def timed_run(self: Any, job: Any) -> None:
+        start = time.perf_counter()
+        try:
+            original(self, job)
+        finally:
+            windows.append((start, time.perf_counter()))
+
+    CheckpointWriter._run = timed_run  # type: ignore[method-assign]
+
+
+def overlap_figures(
+    marks: dict[int, float], hooks: list[tuple[float, float]], windows: list[tuple[float, float]], warm: int
+) -> dict[str, Any]:
+    """Step times of iterations that overlapped a background persist vs clean ones.
+
+    A step's time is the gap between its end mark and the previous one minus the hook time
+    in between (a checkpoint's own stall is not counted). A step overlaps when a persist
+    window intersects the part of that gap after the hooks. ``overlap_ratio``: mean
+    overlapped ÷ median clean.
+    """
+    steps = sorted(k for k in marks if k > warm and k - 1 in marks)
+    clean: list[float] = []
+    loaded: list[float] = []
+    for k in steps:
+        lo, hi = marks[k - 1], marks[k]
+        inside = [(start, sec) for start, sec in hooks if lo <= start < hi]
+        compute_from = max([start + sec for start, sec in inside], default=lo)
+        duration = hi - lo - sum(sec for _start, sec in inside)
+        overlapped = any(start < hi and end > compute_from for start, end in windows)
+        (loaded if overlapped else clean).append(duration)
+    clean_s = statistics.median(clean) if clean else None
+    loaded_s = statistics.mean(loaded) if loaded else None
+    return {
+        "clean_step_s": clean_s,
+        "overlapped_step_s": loaded_s,
+        "overlapped_steps": len(loaded),
+        "overlap_ratio": loaded_s / clean_s if clean_s and loaded_s else None,
+    }
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the worker's result line (the last thing a worker prints)."""
     result.setdefault("peak_rss_bytes", peak_rss_bytes())

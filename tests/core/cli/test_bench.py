@@ -74,7 +74,7 @@ def test_summarize_derives_the_ratios() -> None:
     assert entry["isolated"]["snapshot_floor"] == pytest.approx(1.5)
     assert entry["isolated"]["autockpt_safetensors_raw"] == pytest.approx(0.5)
     text = cli_bench.markdown(results)
-    assert "test machine" in text and "| 100B | lightning | autockpt (copy on training thread) |" in text
+    assert "test machine" in text and "| 100B | lightning | autockpt (sync copy, persist process) |" in text
 
 
 def test_bench_is_a_cli_command(tmp_path, capsys) -> None:

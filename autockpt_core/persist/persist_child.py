@@ -1,0 +1,128 @@
+"""The persist process's main loop: ``python -m autockpt_core.persist.persist_child SOCK ALIVE NICE``.
+
+Started by :class:`~.persist_process.PersistProcess` (see there for the protocol). ``SOCK``:
+its end of the socket pair; ``ALIVE``: the read end of a pipe whose write end only the
+training process holds (end of file = the training process is gone: exit at once, whatever
+is being written; the next resume removes the temporary file); ``NICE``: the ``nice``
+increment. Imports only the core and numpy until a job names a function in another module.
+
+Threading: the main thread serves requests one at a time; a daemon thread watches ``ALIVE``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import mmap
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from .persist_process import _recv, _send
+from .shared_memory import SharedRef, rebuild_tree
+from .storage import LocalStorage
+
+
+def _watch_parent(alive_fd: int) -> None:
+    while True:
+        try:
+            if not os.read(alive_fd, 1):
+                os._exit(0)
+        except InterruptedError:
+            continue
+        except OSError:
+            os._exit(0)
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """``"module:function"`` -> the function."""
+    module, _, name = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+class Server:
+    """The child's state: mapped segments and storages (one per directory)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.segments: dict[int, mmap.mmap] = {}
+        self.storages: dict[tuple[str, bool], LocalStorage] = {}
+
+    def serve(self) -> None:
+        while True:
+            try:
+                message = _recv(self.sock)
+            except EOFError:
+                return
+            op = message["op"]
+            if op == "exit":
+                return
+            if op == "segments":
+                self._map(message["ids"])
+            elif op == "import":
+                for module in message["modules"]:
+                    try:
+                        importlib.import_module(module)
+                    except Exception:  # noqa: BLE001 - reported by the write that needs it
+                        pass
+                _send(self.sock, {"op": "ready"})
+            elif op == "write":
+                _send(self.sock, self._write(message))
+
+    def _map(self, ids: list[int]) -> None:
+        _data, fds, _flags, _addr = socket.recv_fds(self.sock, 1, len(ids))
+        for sid, fd in zip(ids, fds):
+            try:
+                self.segments[sid] = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+
+    def view(self, ref: SharedRef) -> Any:
+        return resolve(ref.kind)(self.segments[ref.segment], ref.dtype, ref.shape)
+
+    def _write(self, message: dict[str, Any]) -> dict[str, Any]:
+        live = set(message["live"])
+        for sid in [s for s in self.segments if s not in live]:
+            del self.segments[sid]  # unmapped once no view of it is left
+        start = time.perf_counter()
+        try:
+            key = (message["root"], bool(message["fsync"]))
+            storage = self.storages.get(key) or self.storages.setdefault(key, LocalStorage(key[0], fsync=key[1]))
+            function = resolve(message["function"])
+            kwargs = rebuild_tree(message["kwargs"], self.view)
+            result = storage.write_atomic(message["name"], lambda file: function(file, **kwargs))
+        except BaseException as exc:  # reported to the training process, which raises it
+            return _error_reply(exc)
+        return {"ok": True, "result": (result.name, result.size, result.checksum, result.algorithm),
+                "seconds": time.perf_counter() - start}
+
+
+def _error_reply(exc: BaseException) -> dict[str, Any]:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    try:
+        import pickle
+
+        pickle.loads(pickle.dumps(exc))
+        return {"ok": False, "error": exc, "text": text}
+    except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
+        return {"ok": False, "text": text + "\n" + traceback.format_exc()}
+
+
+def main(argv: list[str]) -> int:
+    sock_fd, alive_fd, niceness = int(argv[0]), int(argv[1]), int(argv[2])
+    if niceness:
+        os.nice(niceness)
+    threading.Thread(target=_watch_parent, args=(alive_fd,), name="autockpt-parent-watch", daemon=True).start()
+    with socket.socket(fileno=sock_fd) as sock:
+        Server(sock).serve()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a process
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,242 @@
+"""Phase 2 in a separate process: serialize, checksum and write without the training's GIL.
+
+Why: a persist thread runs Python (torch.save's pickler, the checksum and write loop) in the
+training process, and every time it holds the GIL the training thread waits for it. Measured
+on the project's 2-core machine (plain torch loop, one torch thread, ``/tmp/exp``-style
+probe recorded in docs/benchmarks.md): a Python thread spinning next to training made steps
+4.7–67× slower, a process spinning or copying memory on the other core 0–9%. So the
+training process only hands a persist process the *skeleton* of the snapshot (its structure,
+with each buffer replaced by a :class:`~.shared_memory.SharedRef`), and that process, at a
+lower CPU priority (``NICENESS``), rebuilds the tree over the same shared memory and runs
+the same atomic write (:meth:`.storage.LocalStorage.write_atomic`: temporary file, fsync,
+rename, directory fsync). The manifest commit and retention stay in the training
+process's writer thread (small, and they order commits).
+
+Protocol (a Unix stream socket pair; frames are an 8-byte length and a pickle): ``segments``
+(followed by one message carrying the new segments' descriptors), ``import`` (modules to
+load ahead, e.g. torch, while training warms up), ``write`` (answered by one reply frame),
+``exit``. The child answers ``import`` with ``ready`` once its imports are done; until then
+(about 3 s with torch on the project's machines) :meth:`PersistProcess.ready` is False and
+the writer writes in its thread instead, so starting the process never delays a checkpoint.
+A second pipe tells the child when the training process is gone: it then exits at
+once, so a SIGKILLed job leaves at most a temporary file, which the next resume removes.
+
+Threading: ``start``/``close`` on the training thread, ``write_atomic`` on the writer
+thread; one write at a time (the writer runs one persist at a time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from .shared_memory import SharedArena, share_tree
+from .storage import LocalStorage, WriteResult
+
+log = logging.getLogger("autockpt")
+
+NICENESS = 10
+"""The persist process's ``nice`` increment: training threads win a contended core (CFS
+weight 1024 vs 110), yet the persist still progresses when every core is busy."""
+FD_BATCH = 200
+"""Descriptors per message (Linux allows 253 per SCM_RIGHTS message)."""
+CLOSE_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PortableWrite:
+    """A snapshot's write as something another process can run.
+
+    ``function`` ("module:function") is called there as ``function(file, **kwargs)``; array
+    and tensor leaves of ``kwargs`` that are shared buffers travel as references, everything
+    else is pickled.
+    """
+
+    function: str
+    kwargs: dict[str, Any]
+
+
+class PersistProcessError(OSError):
+    """The persist process died or broke the protocol; the message says how."""
+
+
+class PersistProcess:
+    """Parent side of the persist process; see the module docstring."""
+
+    def __init__(self, arena: SharedArena, modules: tuple[str, ...] = ()) -> None:
+        self._arena = arena
+        self._modules = modules
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._alive_w: int | None = None
+        self._ready = False
+        self._lock = threading.Lock()
+        self.writes = 0
+        """Checkpoint files this process (and its predecessors after a restart) wrote."""
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        """Start the child (idempotent); it imports ``modules`` while the caller goes on."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return
+            self._discard()
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            alive_r, alive_w = os.pipe()
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "autockpt_core.persist.persist_child",
+                     str(child.fileno()), str(alive_r), str(NICENESS)],
+                    pass_fds=(child.fileno(), alive_r),
+                    stdin=subprocess.DEVNULL,
+                )  # fmt: skip
+            except BaseException:
+                parent.close()
+                os.close(alive_w)
+                raise
+            finally:
+                child.close()
+                os.close(alive_r)
+            self._sock, self._alive_w, self._ready = parent, alive_w, False
+            self._arena.resend_all()
+            _send(parent, {"op": "import", "modules": list(self._modules)})
+
+    def ready(self) -> bool:
+        """True once the child has done its imports (writer thread; never blocks).
+
+        Starts a child if none runs (after one died), which is then not ready yet.
+        """
+        if self._ready and self._proc is not None and self._proc.poll() is None:
+            return True
+        self.start()
+        sock = self._sock
+        if sock is None or not select.select([sock], [], [], 0)[0]:
+            return False
+        try:
+            reply = _recv(sock)
+        except (OSError, EOFError):
+            self._discard()
+            return False
+        self._ready = reply.get("op") == "ready"
+        return self._ready
+
+    def write_atomic(self, storage: LocalStorage, name: str, write: PortableWrite) -> WriteResult:
+        """Have the child write ``name`` atomically into ``storage``'s directory (writer thread).
+
+        Waits for the child's imports if it is not :meth:`ready` yet. Raises the child's
+        exception (e.g. ``OSError(ENOSPC)``), or :class:`PersistProcessError` if the child died
+        during the write; a new child is started at the next call.
+        """
+        self.start()  # a child that died while idle is replaced here, silently
+        sock = self._sock
+        assert sock is not None
+        skeleton = share_tree(write.kwargs, self._arena)
+        try:
+            if not self._ready:  # its answer to "import" comes first
+                self._ready = _recv(sock).get("op") == "ready"
+            fresh = self._arena.pending_fds()
+            for i in range(0, len(fresh), FD_BATCH):
+                batch = fresh[i : i + FD_BATCH]
+                _send(sock, {"op": "segments", "ids": [sid for sid, _fd in batch]})
+                socket.send_fds(sock, [b"F"], [fd for _sid, fd in batch])
+            _send(sock, {
+                "op": "write", "root": str(storage.root), "fsync": storage.fsync, "name": name,
+                "function": write.function, "kwargs": skeleton, "live": self._arena.live_segments(),
+            })  # fmt: skip
+            reply = _recv(sock)
+        except (OSError, EOFError) as exc:
+            raise self._died(name, exc) from None
+        if reply.get("ok"):
+            self.writes += 1
+            return WriteResult(*reply["result"])
+        error = reply.get("error")
+        if isinstance(error, BaseException):
+            raise error
+        raise PersistProcessError(f"the persist process failed writing {name}: {reply.get('text', 'unknown error')}")
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until :meth:`ready` (polling), at most ``timeout`` seconds; no persist may run."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _died(self, name: str, exc: BaseException) -> PersistProcessError:
+        proc = self._proc
+        status = proc.wait(timeout=5) if proc is not None else None
+        how = f"signal {-status}" if status is not None and status < 0 else f"status {status}"
+        self._discard()
+        return PersistProcessError(
+            f"autockpt's persist process (pid {proc.pid if proc else '?'}) ended ({how}) while writing {name} "
+            f"({type(exc).__name__}: {exc}); a new one is started for the next checkpoint"
+        )
+
+    def close(self) -> None:
+        """End the child (training thread, no write in flight; idempotent).
+
+        A ready child is asked to exit; one still importing is killed at once (it holds no
+        work), so closing never waits for its imports.
+        """
+        with self._lock:
+            proc, sock = self._proc, self._sock
+            if proc is None:
+                return
+            try:
+                if sock is not None and proc.poll() is None and self._ready:
+                    _send(sock, {"op": "exit"})
+                    proc.wait(timeout=CLOSE_TIMEOUT_S)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+            finally:
+                self._discard()
+
+    def _discard(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        if self._alive_w is not None:
+            os.close(self._alive_w)
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc, self._sock, self._alive_w, self._ready = None, None, None, False
+
+
+_HEADER = struct.Struct("<Q")
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv(sock: socket.socket) -> dict[str, Any]:
+    (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return pickle.loads(_recv_exact(sock, length))  # noqa: S301 - our own child's frames
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes (never more: a descriptor message may follow)."""
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise EOFError("the other side closed the connection")
+        out += chunk
+    return bytes(out)

@@ -1,0 +1,171 @@
+"""The persist process, really started: writes, errors, a SIGKILLed child, a dead parent."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autockpt_core.errors import CheckpointWriteError
+from autockpt_core.persist import LocalStorage, read_manifest, read_tensor_file
+from autockpt_core.persist.persist_mode import choose_persist_mode
+from autockpt_core.persist.persist_process import PersistProcess, PortableWrite
+from autockpt_core.persist.shared_memory import SharedArena, numpy_shared_pool, shared_memory_supported
+from autockpt_core.persist.tensorfile import WRITE_TENSORS
+from autockpt_core.persist.writer import CheckpointWriter, PersistJob
+
+needs_shm = pytest.mark.skipif(not shared_memory_supported(), reason="needs os.memfd_create (Linux)")
+
+HELPERS = "tests.core.persist.process_helpers"
+ROOT = str(Path(__file__).resolve().parents[3])
+
+
+@pytest.fixture
+def shared(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    arena = SharedArena()
+    pool = numpy_shared_pool(arena)
+    process = PersistProcess(arena, (HELPERS,))
+    yield arena, pool, process
+    process.close()
+    arena.close()
+
+
+def _arrays(pool, n: int = 1000):  # type: ignore[no-untyped-def]
+    pool.begin_round()
+    w = pool.get("w", (n,), np.float32)
+    s = pool.get("s", (), np.int64)
+    pool.end_round()
+    w[...] = np.arange(n, dtype=np.float32)
+    s[...] = 42
+    return {"w": w, "s": s}
+
+
+@needs_shm
+def test_the_child_writes_a_safetensors_file_from_shared_buffers_atomically(shared, tmp_path: Path) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    storage = LocalStorage(tmp_path)
+    assert process.wait_ready(60)
+    result = process.write_atomic(storage, "a.safetensors", PortableWrite(WRITE_TENSORS, {"arrays": arrays, "metadata": {"k": "v"}}))
+    data = (tmp_path / "a.safetensors").read_bytes()
+    assert result.size == len(data) and result.checksum == f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    loaded, meta = read_tensor_file(data)
+    np.testing.assert_array_equal(loaded["w"], arrays["w"])
+    assert int(loaded["s"]) == 42 and meta == {"k": "v"}
+    assert process.writes == 1 and not list(tmp_path.glob(".autockpt-tmp-*"))
+    arrays["w"][0] = -1.0  # the child reads the same memory at the next write
+    process.write_atomic(storage, "b.safetensors", PortableWrite(WRITE_TENSORS, {"arrays": arrays}))
+    assert read_tensor_file((tmp_path / "b.safetensors").read_bytes())[0]["w"][0] == -1.0
+
+
+@needs_shm
+def test_the_childs_error_is_raised_here_with_its_errno(shared, tmp_path: Path) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    with pytest.raises(OSError) as info:
+        process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:disk_full", {"data": arrays["w"]}))
+    assert info.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []  # the child's write_atomic removed its temporary file
+
+
+@needs_shm
+def test_a_child_that_died_while_idle_is_replaced_at_the_next_write(shared, tmp_path: Path) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    process.start()
+    first = process.pid
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.2)
+    process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:write_bytes", {"data": arrays["w"]}))
+    assert process.pid != first and (tmp_path / "a.bin").read_bytes() == arrays["w"].tobytes()
+
+
+@needs_shm
+def test_writer_commits_what_the_child_wrote_and_a_child_killed_mid_write_leaves_the_older_checkpoint(
+    shared, tmp_path: Path
+) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    storage = LocalStorage(tmp_path)
+    writer = CheckpointWriter(storage, keep_last=2, process=process)
+    assert process.wait_ready(60)
+
+    def job(name: str, step: int, function: str, **kwargs: object) -> PersistJob:
+        portable = PortableWrite(function, {"data": arrays["w"], **kwargs})
+        return PersistJob(name, step, 0, "test", write=lambda f: f.write(b"thread"), portable=portable)
+
+    writer.submit(job("ckpt-1.bin", 1, f"{HELPERS}:write_bytes"))
+    writer.wait()
+    assert process.writes == 1 and (tmp_path / "ckpt-1.bin").read_bytes() == arrays["w"].tobytes()
+    marker = tmp_path.parent / "marker"
+    writer.submit(job("ckpt-2.bin", 2, f"{HELPERS}:slow_write", marker=str(marker)))
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".autockpt-tmp-*"))  # mid-write
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+    with pytest.raises(CheckpointWriteError, match="persist process"):
+        writer.wait()
+    assert [r.name for r in read_manifest(storage)] == ["ckpt-1.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autockpt-manifest.json", "ckpt-1.bin"]  # temporary removed
+
+
+@needs_shm
+def test_the_child_exits_when_the_training_process_is_sigkilled(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from autockpt_core.persist.persist_process import PersistProcess
+        from autockpt_core.persist.shared_memory import SharedArena
+        process = PersistProcess(SharedArena())
+        process.start()
+        print(process.pid, flush=True)
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "requested, kwargs, mode, reason",
+    [
+        ("auto", {}, "process", "auto: local directory"),
+        ("auto", {"gpu": True}, "thread", "CUDA is available"),
+        ("process", {"gpu": True}, "process", "requested"),
+        ("thread", {}, "thread", "requested"),
+        ("auto", {"local": False}, "thread", "not a local directory"),
+        ("process", {"supported": False}, "thread", "need Linux"),
+        ("auto", {"shareable": False}, "thread", "cannot be shared"),
+        ("process", {"async_persist": False}, "thread", "async_persist=False"),
+    ],
+)
+def test_choose_persist_mode(requested: str, kwargs: dict[str, bool], mode: str, reason: str) -> None:
+    base = {"async_persist": True, "local": True, "supported": True, "shareable": True, "gpu": False}
+    choice = choose_persist_mode(requested, **{**base, **kwargs})  # type: ignore[arg-type]
+    assert choice.mode == mode and reason in choice.reason
