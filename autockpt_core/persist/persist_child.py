@@ -6,6 +6,8 @@ training process holds (end of file = the training process is gone: exit at once
 is being written; the next resume removes the temporary file); ``NICE``: the ``nice``
 increment. Imports only the core and numpy until a job names a function in another module.
 
+Signals: see :data:`IGNORED_SIGNALS`.
+
 Threading: the main thread serves requests one at a time; a daemon thread watches ``ALIVE``.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import importlib
 import mmap
 import os
+import signal
 import socket
 import sys
 import threading
@@ -24,6 +27,13 @@ from typing import Any, Callable
 from .persist_process import _recv, _send
 from .shared_memory import SharedRef, rebuild_tree
 from .storage import LocalStorage
+
+
+IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+"""Ctrl-C in a terminal and preemption signals (SLURM, torchrun) reach the whole process
+group; the training process decides what happens (e.g. an emergency checkpoint, which this
+process then writes). The child ends on ``exit``, when the training process is gone, or by
+SIGKILL."""
 
 
 def _watch_parent(alive_fd: int) -> None:
@@ -116,6 +126,9 @@ def _error_reply(exc: BaseException) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     sock_fd, alive_fd, niceness = int(argv[0]), int(argv[1]), int(argv[2])
+    for name in IGNORED_SIGNALS:  # a signal to the whole process group must not cut a write short
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     if niceness:
         os.nice(niceness)
     threading.Thread(target=_watch_parent, args=(alive_fd,), name="autockpt-parent-watch", daemon=True).start()

@@ -50,6 +50,8 @@ weight 1024 vs 110), yet the persist still progresses when every core is busy.""
 FD_BATCH = 200
 """Descriptors per message (Linux allows 253 per SCM_RIGHTS message)."""
 CLOSE_TIMEOUT_S = 10.0
+MAX_FAILED_STARTS = 3
+CHILD_MODULE = "autockpt_core.persist.persist_child"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +82,9 @@ class PersistProcess:
         self._alive_w: int | None = None
         self._ready = False
         self._lock = threading.Lock()
+        self._failed_starts = 0
+        self.disabled = False
+        """True once children kept dying before they were ready (see :meth:`start`)."""
         self.writes = 0
         """Checkpoint files this process (and its predecessors after a restart) wrote."""
 
@@ -88,19 +93,28 @@ class PersistProcess:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        """Start the child (idempotent); it imports ``modules`` while the caller goes on."""
+        """Start the child (idempotent); it imports ``modules`` while the caller goes on.
+
+        After ``MAX_FAILED_STARTS`` children in a row died before they were ready, none is
+        started again (:attr:`disabled`, logged once): the writer thread writes instead.
+        """
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
+            if self._proc is not None and self._proc.poll() is not None and not self._ready:
+                self._failed_start()  # the last one died before it was ready
+            if self.disabled or (self._proc is not None and self._proc.poll() is None):
                 return
             self._discard()
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             alive_r, alive_w = os.pipe()
+            # The child imports what this process imports: its sys.path (scripts that extend it).
+            path = os.pathsep.join(p for p in sys.path if p)
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "autockpt_core.persist.persist_child",
+                    [sys.executable, "-m", CHILD_MODULE,
                      str(child.fileno()), str(alive_r), str(NICENESS)],
                     pass_fds=(child.fileno(), alive_r),
                     stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": path},
                 )  # fmt: skip
             except BaseException:
                 parent.close()
@@ -127,10 +141,24 @@ class PersistProcess:
         try:
             reply = _recv(sock)
         except (OSError, EOFError):
-            self._discard()
+            self._failed_start()
             return False
         self._ready = reply.get("op") == "ready"
+        self._failed_starts = 0
         return self._ready
+
+    def _failed_start(self) -> None:
+        proc = self._proc
+        status = proc.wait(timeout=5) if proc is not None else None
+        self._discard()
+        self._failed_starts += 1
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            self.disabled = True
+            log.warning(
+                "autockpt: the persist process exited (status %s) before it was ready, %d times in a row; "
+                "checkpoints are written by the writer thread instead (see its error output above)",
+                status, self._failed_starts,
+            )
 
     def write_atomic(self, storage: LocalStorage, name: str, write: PortableWrite) -> WriteResult:
         """Have the child write ``name`` atomically into ``storage``'s directory (writer thread).
@@ -141,7 +169,8 @@ class PersistProcess:
         """
         self.start()  # a child that died while idle is replaced here, silently
         sock = self._sock
-        assert sock is not None
+        if sock is None:
+            raise PersistProcessError(f"autockpt's persist process is disabled (it kept dying before it was ready); {name} was not written")
         skeleton = share_tree(write.kwargs, self._arena)
         try:
             if not self._ready:  # its answer to "import" comes first
@@ -172,7 +201,7 @@ class PersistProcess:
 
         deadline = time.monotonic() + timeout
         while not self.ready():
-            if time.monotonic() >= deadline:
+            if self.disabled or time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
         return True

@@ -169,3 +169,43 @@ def test_choose_persist_mode(requested: str, kwargs: dict[str, bool], mode: str,
     base = {"async_persist": True, "local": True, "supported": True, "shareable": True, "gpu": False}
     choice = choose_persist_mode(requested, **{**base, **kwargs})  # type: ignore[arg-type]
     assert choice.mode == mode and reason in choice.reason
+
+
+@needs_shm
+def test_the_child_ignores_preemption_signals_sent_to_the_whole_group(shared, tmp_path: Path) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    assert process.wait_ready(60)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        os.kill(process.pid, signum)
+    time.sleep(0.2)
+    pid = process.pid
+    process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:write_bytes", {"data": arrays["w"]}))
+    assert process.pid == pid and (tmp_path / "a.bin").exists()
+
+
+@needs_shm
+def test_a_child_that_cannot_start_disables_the_process_and_the_writer_thread_writes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    arena = SharedArena()
+    process = PersistProcess(arena)
+    with pytest.raises(FileNotFoundError):
+        process.start()
+    monkeypatch.undo()
+    # A child whose import fails (the module name is wrong) dies before it is ready:
+    monkeypatch.setattr("autockpt_core.persist.persist_process.CHILD_MODULE", "autockpt_core.persist.no_such_child")
+    storage = LocalStorage(tmp_path)
+    writer = CheckpointWriter(storage, keep_last=2, process=process)
+    step = 0
+    while not process.disabled and step < 100:  # each child takes ~0.5 s to die
+        step += 1
+        portable = PortableWrite(f"{HELPERS}:write_bytes", {"data": b"x"})
+        writer.submit(PersistJob(f"ckpt-{step}.bin", step, 0, "test", write=lambda f: f.write(b"thread"), portable=portable))
+        writer.wait()
+        time.sleep(0.1)
+    assert process.disabled and process.writes == 0 and process.pid is None
+    assert [r.step for r in read_manifest(storage)] == [step - 1, step]
+    assert (tmp_path / f"ckpt-{step}.bin").read_bytes() == b"thread"  # every checkpoint was written
+    arena.close()
