@@ -28,7 +28,6 @@ from .persist_process import _recv, _send
 from .shared_memory import SharedRef, rebuild_tree
 from .storage import LocalStorage
 
-
 IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 """Ctrl-C in a terminal and preemption signals (SLURM, torchrun) reach the whole process
 group; the training process decides what happens (e.g. an emergency checkpoint, which this
