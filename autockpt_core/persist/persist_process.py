@@ -95,8 +95,9 @@ class PersistProcess:
     def start(self) -> None:
         """Start the child (idempotent); it imports ``modules`` while the caller goes on.
 
-        After ``MAX_FAILED_STARTS`` children in a row died before they were ready, none is
-        started again (:attr:`disabled`, logged once): the writer thread writes instead.
+        After ``MAX_FAILED_STARTS`` children in a row died before they were ready, or when
+        none can be started at all, none is started again (:attr:`disabled`, logged once):
+        the writer thread writes instead.
         """
         with self._lock:
             if self._proc is not None and self._proc.poll() is not None and not self._ready:
@@ -116,6 +117,13 @@ class PersistProcess:
                     stdin=subprocess.DEVNULL,
                     env={**os.environ, "PYTHONPATH": path},
                 )  # fmt: skip
+            except OSError as exc:  # no interpreter to start, no memory, ...: the writer thread writes
+                parent.close()
+                os.close(alive_w)
+                self.disabled = True
+                log.warning("autockpt: could not start the persist process (%s); checkpoints are written by the "
+                            "writer thread instead", exc)
+                return
             except BaseException:
                 parent.close()
                 os.close(alive_w)

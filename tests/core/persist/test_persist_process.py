@@ -190,10 +190,11 @@ def test_a_child_that_cannot_start_disables_the_process_and_the_writer_thread_wr
 ) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
     arena = SharedArena()
-    process = PersistProcess(arena)
-    with pytest.raises(FileNotFoundError):
-        process.start()
+    unstartable = PersistProcess(arena)
+    unstartable.start()  # FileNotFoundError: logged, not raised
+    assert unstartable.disabled and unstartable.pid is None and not unstartable.ready()
     monkeypatch.undo()
+    process = PersistProcess(arena)
     # A child whose import fails (the module name is wrong) dies before it is ready:
     monkeypatch.setattr("autockpt_core.persist.persist_process.CHILD_MODULE", "autockpt_core.persist.no_such_child")
     storage = LocalStorage(tmp_path)
