@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..units import format_size, parse_size
-from .workers.measure import parse_result
+from .workers.measure import parse_result, thread_caps
 
 #: Worker modules, each run as ``python -m MODULE`` in a fresh interpreter.
 WORKERS = {
@@ -390,10 +390,8 @@ def _mem_available() -> int | None:
 
 def _threads_env(threads: int) -> dict[str, str]:
     """Environment that caps torch's and TensorFlow's intra-op threads (empty for 0)."""
-    if threads <= 0:
-        return {}
-    n = str(threads)
-    return {"AUTOCKPT_BENCH_THREADS": n, "OMP_NUM_THREADS": n, "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": "1"}
+    caps = thread_caps(threads)
+    return {"AUTOCKPT_BENCH_THREADS": str(threads), **caps} if caps else {}
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..workers.measure import thread_caps
 from .protocol import WORKERS, write_spec
 from .workloads import Workload
 
@@ -22,10 +23,7 @@ from .workloads import Workload
 def worker_env(threads: int, keras_backend: str | None = None) -> dict[str, str]:
     """The environment of a worker: quiet frameworks, pinned threads, the Keras backend."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    if threads > 0:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
-            env[var] = str(threads)
-        env["TF_NUM_INTEROP_THREADS"] = "1"
+    env.update(thread_caps(threads))
     if keras_backend:
         env["KERAS_BACKEND"] = keras_backend
     return env

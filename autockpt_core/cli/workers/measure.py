@@ -28,6 +28,16 @@ LAYERS = 4
 STATE_COPIES = 3  # parameters, Adam's first and second moments
 
 
+def thread_caps(threads: int) -> dict[str, str]:
+    """Environment variables that cap BLAS/OpenMP/TensorFlow threads at ``threads`` (empty for
+    0: the frameworks' defaults). Set before a framework is imported: the bench and the study
+    put them in their workers' environment."""
+    if threads <= 0:
+        return {}
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": "1"}
+
+
 def mlp_layout(state_bytes: int, layers: int = LAYERS) -> tuple[int, int]:
     """``(width, layers)`` of square dense layers whose Adam training state is ~``state_bytes``."""
     params = max(1, state_bytes // (STATE_COPIES * 4))

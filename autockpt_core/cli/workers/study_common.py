@@ -21,15 +21,13 @@ from typing import Any
 import numpy as np
 
 from ..study.protocol import write_json
-from .measure import peak_rss_bytes
+from .measure import peak_rss_bytes, thread_caps
 
 
 def setup_threads(threads: int) -> None:
-    """Cap BLAS/OpenMP threads through the environment (before importing a framework)."""
-    if threads > 0:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
-            os.environ[var] = str(threads)
-        os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    """Cap BLAS/OpenMP threads through the environment (before importing a framework), for a
+    worker started without :func:`autockpt_core.cli.study.runner.worker_env` (by hand)."""
+    os.environ.update(thread_caps(threads))
 
 
 class Timeline:
