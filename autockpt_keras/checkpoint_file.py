@@ -22,7 +22,7 @@ import json
 import mmap
 import os
 import warnings
-from typing import IO, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -32,7 +32,6 @@ from autockpt_core import (
     find_latest_valid,
     read_tensor_file,
     storage_for,
-    write_tensor_file,
 )
 from autockpt_core.persist import Storage, location_of
 from autockpt_core.persist.persist_process import PortableWrite
@@ -84,14 +83,10 @@ def file_metadata(
 
 def make_snapshot(arrays: dict[str, np.ndarray], metadata: Mapping[str, str]) -> Snapshot:
     """A :class:`Snapshot` whose ``write`` streams ``arrays`` (pool buffers) as safetensors."""
-    header = dict(metadata)
-
-    def write(out: IO[bytes]) -> int:
-        return write_tensor_file(out, arrays, header)
-
     nbytes = sum(int(a.nbytes) for a in arrays.values())
-    portable = PortableWrite(WRITE_TENSORS, {"arrays": arrays, "metadata": header})
-    return Snapshot(write=write, nbytes=nbytes, portable=portable)
+    # write_tensor_file(file, arrays, header), in the writer thread or the persist process
+    portable = PortableWrite(WRITE_TENSORS, {"arrays": arrays, "metadata": dict(metadata)})
+    return Snapshot(write=portable.run, nbytes=nbytes, portable=portable)
 
 
 def read_checkpoint_bytes(data: bytes | memoryview, path: str) -> tuple[dict[str, np.ndarray], CheckpointInfo]:

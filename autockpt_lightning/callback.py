@@ -100,7 +100,7 @@ from autockpt_core import (
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
 from autockpt_core.persist.persist_process import PortableWrite
-from autockpt_torch import WRITE_TREE, TorchSnapshotter, save_tree, torch_buffer_pool, torch_shared_pool
+from autockpt_torch import WRITE_TREE, TorchSnapshotter, torch_buffer_pool, torch_shared_pool
 from autockpt_torch.staging import optimizer_owned
 
 from . import resume as _resume
@@ -503,13 +503,8 @@ class AutoCheckpoint(Callback):
             )
             # With the zip's own per-record CRC-32 (a second pass in the writer thread, on top
             # of the manifest's): without it zip tools reject the file (docs/benchmarks.md).
-            return Snapshot(
-                write=lambda f: save_tree(tree, f),
-                nbytes=copied_bytes,
-                pending=pending,
-                mode=snapshotter.mode,
-                portable=PortableWrite(WRITE_TREE, {"tree": tree}),
-            )
+            portable = PortableWrite(WRITE_TREE, {"tree": tree})  # save_tree(tree, file) in either persist mode
+            return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode, portable=portable)
 
         stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
         interval = session.last_decision.interval if session.last_decision is not None else None

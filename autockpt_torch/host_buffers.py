@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from autockpt_core import BufferPool
-from autockpt_core.persist.shared_memory import SharedArena, SharedRef
+from autockpt_core.persist.buffers import fault_in
+from autockpt_core.persist.shared_memory import SharedArena
 
 TENSOR_VIEW = "autockpt_torch.host_buffers:tensor_view"
 
@@ -35,10 +36,7 @@ def torch_shared_pool(arena: SharedArena) -> BufferPool[torch.Tensor]:
         nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        segment, memory = arena.allocate(nbytes)
-        tensor = tensor_view(memory, dtype, tuple(shape))
-        arena.register(tensor, SharedRef(segment, TENSOR_VIEW, dtype, tuple(shape)))
-        return tensor
+        return arena.new_buffer(tensor_view, TENSOR_VIEW, nbytes, dtype, tuple(shape))
 
     return BufferPool(allocate=allocate, nbytes=tensor_nbytes, release=arena.release, touch=touch_tensor)
 
@@ -50,11 +48,8 @@ def tensor_view(memory: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torc
 
 
 def touch_tensor(tensor: torch.Tensor) -> None:
-    """Fault in every page of a CPU buffer without holding the GIL or using torch's threads."""
-    if tensor.numel():
-        import ctypes
-
-        ctypes.memset(tensor.data_ptr(), 0, tensor_nbytes(tensor))
+    """Fault in every page of a CPU buffer (see :func:`~autockpt_core.persist.buffers.fault_in`)."""
+    fault_in(tensor.data_ptr(), tensor_nbytes(tensor))
 
 
 def numpy_pinned_pool() -> BufferPool[np.ndarray]:

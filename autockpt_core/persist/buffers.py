@@ -21,6 +21,7 @@ before a new snapshot.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Iterable
 from typing import Any, Callable, Generic, Hashable, TypeVar
@@ -31,6 +32,13 @@ B = TypeVar("B")
 
 Layout = Iterable[tuple[Hashable, tuple[int, ...], Any]]
 """``(key, shape, dtype)`` of each buffer a snapshot will need."""
+
+
+def fault_in(address: int, nbytes: int) -> None:
+    """Zero ``nbytes`` at ``address``, faulting every page in; ctypes releases the GIL, and no
+    framework thread pool is used (a ``touch`` for :class:`BufferPool`)."""
+    if nbytes:
+        ctypes.memset(address, 0, nbytes)
 
 
 def _numpy_allocate(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

@@ -16,15 +16,16 @@ from __future__ import annotations
 import importlib
 import mmap
 import os
+import pickle
 import signal
 import socket
 import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any
 
-from .persist_process import _recv, _send
+from .persist_process import _recv, _send, resolve
 from .shared_memory import SharedRef, rebuild_tree
 from .storage import LocalStorage
 
@@ -44,15 +45,6 @@ def _watch_parent(alive_fd: int) -> None:
             continue
         except OSError:
             os._exit(0)
-
-
-def resolve(path: str) -> Callable[..., Any]:
-    """``"module:function"`` -> the function."""
-    module, _, name = path.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in name.split("."):
-        target = getattr(target, part)
-    return target
 
 
 class Server:
@@ -115,8 +107,6 @@ class Server:
 def _error_reply(exc: BaseException) -> dict[str, Any]:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     try:
-        import pickle
-
         pickle.loads(pickle.dumps(exc))
         return {"ok": False, "error": exc, "text": text}
     except Exception:  # noqa: BLE001 - an exception that does not pickle: its text

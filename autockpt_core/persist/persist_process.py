@@ -2,9 +2,10 @@
 
 Why: a persist thread runs Python (torch.save's pickler, the checksum and write loop) in the
 training process, and every time it holds the GIL the training thread waits for it. Measured
-on the project's 2-core machine (plain torch loop, one torch thread, ``/tmp/exp``-style
-probe recorded in docs/benchmarks.md): a Python thread spinning next to training made steps
-4.7–67× slower, a process spinning or copying memory on the other core 0–9%. So the
+on the project's 2-core machine with ``examples/persist_interference.py`` (plain torch loop,
+100 MB of state, one torch thread; docs/benchmarks.md): a Python thread spinning next to
+training made steps 6.6× slower, a process spinning or copying memory on the other core
+1.06–1.17×. So the
 training process only hands a persist process the *skeleton* of the snapshot (its structure,
 with each buffer replaced by a :class:`~.shared_memory.SharedRef`), and that process, at a
 lower CPU priority (``NICENESS``), rebuilds the tree over the same shared memory and runs
@@ -21,13 +22,16 @@ the writer writes in its thread instead, so starting the process never delays a 
 A second pipe tells the child when the training process is gone: it then exits at
 once, so a SIGKILLed job leaves at most a temporary file, which the next resume removes.
 
-Threading: ``start``/``close`` on the training thread, ``write_atomic`` on the writer
-thread; one write at a time (the writer runs one persist at a time).
+Threading: ``start`` on the training thread (``session.open()``) and again on the writer
+thread (``ready``/``write_atomic`` replace a dead child), under a lock; ``close`` on the
+training thread with no write in flight; one write at a time (the writer runs one persist
+at a time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import pickle
@@ -37,7 +41,8 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import Any
+import time
+from typing import IO, Any, Callable
 
 from .shared_memory import SharedArena, share_tree
 from .storage import LocalStorage, WriteResult
@@ -65,6 +70,19 @@ class PortableWrite:
 
     function: str
     kwargs: dict[str, Any]
+
+    def run(self, file: IO[bytes]) -> object:
+        """Write here, in this process (the writer thread's path: the same function, the same bytes)."""
+        return resolve(self.function)(file, **self.kwargs)
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """``"module:function"`` -> the function."""
+    module, _, name = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
 
 
 class PersistProcessError(OSError):
@@ -205,8 +223,6 @@ class PersistProcess:
 
     def wait_ready(self, timeout: float) -> bool:
         """Block until :meth:`ready` (polling), at most ``timeout`` seconds; no persist may run."""
-        import time
-
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.disabled or time.monotonic() >= deadline:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .buffers import BufferPool
+from .buffers import BufferPool, fault_in
 from .tree import map_tree
 
 NUMPY_VIEW = "autockpt_core.persist.shared_memory:numpy_view"
@@ -85,6 +85,17 @@ class SharedArena:
             segment = next(self._ids)
             self._segments[segment] = _Segment(fd, memory, nbytes)
         return segment, memory
+
+    def new_buffer(self, view: Callable[[Any, Any, tuple[int, ...]], Any], view_path: str, nbytes: int,
+                   dtype: Any, shape: tuple[int, ...]) -> Any:
+        """A fresh segment of ``nbytes`` seen as ``view(memory, dtype, shape)``, registered.
+
+        ``view_path`` names ``view`` ("module:function") for the persist process.
+        """
+        segment, memory = self.allocate(nbytes)
+        buffer = view(memory, dtype, shape)
+        self.register(buffer, SharedRef(segment, view_path, dtype, shape))
+        return buffer
 
     def register(self, view: Any, ref: SharedRef) -> None:
         """Remember that ``view`` (the pool's buffer object) is segment ``ref.segment``."""
@@ -149,24 +160,17 @@ def numpy_shared_pool(arena: SharedArena) -> BufferPool[np.ndarray]:
 
     def allocate(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        nbytes = count * dtype.itemsize
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes == 0:
             return np.empty(shape, dtype=dtype)
-        segment, memory = arena.allocate(nbytes)
-        array = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
-        arena.register(array, SharedRef(segment, NUMPY_VIEW, dtype, tuple(shape)))
-        return array
+        return arena.new_buffer(numpy_view, NUMPY_VIEW, nbytes, dtype, tuple(shape))
 
     return BufferPool(allocate=allocate, nbytes=lambda a: int(a.nbytes), release=arena.release, touch=touch_array)
 
 
 def touch_array(array: np.ndarray) -> None:
-    """Fault in every page of ``array`` (zero it) without holding the GIL (ctypes memset)."""
-    import ctypes
-
-    if array.nbytes:
-        ctypes.memset(array.ctypes.data, 0, array.nbytes)
+    """Fault in every page of ``array`` (see :func:`~.buffers.fault_in`)."""
+    fault_in(array.ctypes.data, array.nbytes)
 
 
 def numpy_view(memory: Any, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:

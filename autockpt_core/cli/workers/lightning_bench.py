@@ -56,20 +56,6 @@ def hook_timer(obj: Any, names: tuple[str, ...], log: list[tuple[float, float]])
 
 
 
-def _timed_method(obj: Any, name: str, log: list[float], windows: list[tuple[float, float]]) -> None:
-    original = getattr(obj, name)
-
-    def timed_call(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            log.append(time.perf_counter() - start)
-            windows.append((start, time.perf_counter()))
-
-    setattr(obj, name, timed_call)
-
-
 def train(method: str, state_bytes: int, directory: str, every: int, checkpoints: int) -> dict[str, Any]:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -103,7 +89,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
 
     marks: dict[int, float] = {}
     hooks: list[tuple[float, float]] = []
-    persist_log: list[float] = []
+    saves: list[tuple[float, float]] = []  # (start, seconds) of each native save_checkpoint
     windows: list[tuple[float, float]] = []  # background persists: (start, end)
 
     class WaitForPersistProcess(Callback):
@@ -123,7 +109,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
             io = trainer.strategy.checkpoint_io
             inner = getattr(io, "checkpoint_io", None) if isinstance(io, AsyncCheckpointIO) else io
-            _timed_method(inner, "save_checkpoint", persist_log, windows if inner is not io else [])
+            hook_timer(inner, ("save_checkpoint",), saves)
 
     torch.manual_seed(0)
     x = torch.randn(total_steps * BATCH, width)
@@ -170,6 +156,8 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     }
     if tracked is not None:
         result.update(stall_figures(hooks, marks, warm, every))
+        if method == "async":  # AsyncCheckpointIO's saves run in the background
+            windows = [(start, start + sec) for start, sec in saves]
         result.update(overlap_figures(marks, hooks, windows, warm))
     if method.startswith("autockpt"):
         session = tracked.session
@@ -185,7 +173,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         result["process_writes"] = session.process_writes
     elif method in ("modelcheckpoint", "async"):
         files = [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".ckpt")]
-        result["persist_s"] = statistics.median(persist_log) if persist_log else None
+        result["persist_s"] = statistics.median(sec for _start, sec in saves) if saves else None
         result["file_bytes"] = max((os.path.getsize(f) for f in files), default=None)
         result["fsync"] = False
     return result
