@@ -63,8 +63,13 @@ class Config:
             training thread, done when the hook returns), "overlap" (during the next step's
             forward/backward, on a helper thread or a CUDA stream; the next optimizer step
             waits for it), "device" (CUDA: into a reserved GPU buffer, then drained to host
-            in the background) or "auto" (chosen from the device, free GPU memory and the
-            measured CPU default; the choice is logged). See ``docs/benchmarks.md``.
+            in the background) or "auto" (measured: the modes that fit the state, "sync" and
+            "overlap", plus "device" when it fits in free GPU memory, are tried in turn on the
+            first checkpoints and the one with the lowest measured cost (blocked time, waits
+            and the slowdown of the steps around it, the latter only where it exceeds the
+            steps' own noise) is kept; another mode must save 10% of sync's blocked time;
+            tried again when the iteration time or the state size drifts by 30%; the choice
+            and its figures are logged). See ``docs/benchmarks.md``.
         persist_mode: Where the background persist runs: "thread" (a writer thread in the
             training process), "process" (a separate, lower-priority process that reads the
             snapshot from shared memory, so the persist never holds the training's GIL; local

@@ -56,12 +56,12 @@ from .persist import (
 )
 from .persist.directory import open_directory
 from .persist.names import checkpoint_name
-from .persist.persist_mode import choose_persist_mode
+from .persist.persist_mode import choose_persist_mode, process_can_write
 from .persist.persist_process import PersistProcess, PortableWrite
 from .persist.shared_memory import SharedArena, shared_memory_supported
-from .persist.storage import LocalStorage
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
+from .policy.checkpoint_cost import CheckpointCost, CostMeter
 from .summary import RunSummary
 
 log = logging.getLogger("autockpt")
@@ -112,6 +112,10 @@ class CheckpointSession:
     (the adapter's pool over shared memory) and starts a persist process at ``open()`` that
     imports ``persist_modules`` ahead of the first checkpoint. ``gpu``: the adapter would pin
     its buffers (then "auto" keeps the writer thread).
+
+    ``on_checkpoint_cost`` (training thread) receives each checkpoint's measured
+    :class:`CheckpointCost` once its copy and persist are done (``snapshot_mode="auto"``
+    chooses from these; see :mod:`autockpt_core.policy.mode_trial`).
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class CheckpointSession:
         shared_buffers: Callable[[SharedArena], BufferPool[Any]] | None = None,
         persist_modules: tuple[str, ...] = (),
         gpu: bool = False,
+        on_checkpoint_cost: Callable[[CheckpointCost], None] | None = None,
     ) -> None:
         self.config = config
         self.framework = framework
@@ -135,7 +140,7 @@ class CheckpointSession:
         self.persist_mode = choose_persist_mode(
             config.persist_mode,
             async_persist=config.async_persist,
-            local=type(self.storage) is LocalStorage,
+            local=process_can_write(self.storage),
             supported=shared_memory_supported(),
             shareable=shared_buffers is not None,
             gpu=gpu,
@@ -177,6 +182,8 @@ class CheckpointSession:
         self._pending: PendingCopy | None = None
         self._pending_stall: tuple[float, int] | None = None  # (stall so far, nbytes)
         self._copy_mode: str | None = None
+        self._cost = CostMeter()
+        self._on_cost = on_checkpoint_cost
         self.run: str | None = uuid.uuid4().hex
         """The run this session's records belong to: new, or the resumed checkpoint's."""
         self._opened = False
@@ -274,6 +281,10 @@ class CheckpointSession:
             duration = now - self._last_step_time - self._stall_since_last_step
             loaded = self._loaded_since_last_step or self.writer.busy
             self.profiler.record_iteration(duration, loaded=loaded)
+            if self._cost.measuring:
+                self._cost.add_step(duration)
+                if not self.writer.busy and self._pending is None:
+                    self._report_cost()
         self._last_step_time = now
         self._stall_since_last_step = 0.0
         self._loaded_since_last_step = self.writer.busy
@@ -301,6 +312,7 @@ class CheckpointSession:
         self.before_update()  # a copy still overlapping must end before its buffers are reused
         start = self.clock()
         self.writer.wait()
+        self._report_cost()  # the previous checkpoint's persist is done: its cost is complete
         self.buffers.begin_round()
         snap = snapshot(self.buffers)
         self.buffers.end_round()
@@ -325,6 +337,9 @@ class CheckpointSession:
         else:  # recorded by before_update(), with the wait for the copy added
             self._pending, self._pending_stall = snap.pending, (stall, snap.nbytes)
         self._copy_mode = snap.mode or self._copy_mode
+        if self._on_cost is not None:
+            est = self.profiler.estimates()  # the steps around it are compared with the latest clean ones
+            self._cost.begin(snap.mode, stall, snap.nbytes, est.iter_time_s, est.recent_iter_time_s, est.iter_sd_s)
         self.policy.record_checkpoint(step, self.clock())
         self._stall_since_last_step += stall
         self._loaded_since_last_step = True
@@ -361,9 +376,16 @@ class CheckpointSession:
             stall, nbytes = self._pending_stall or (0.0, 0)
             self._pending_stall = None
             self.profiler.record_stall(stall + waited, nbytes)
+            self._cost.add_wait(waited)
             self._stall_since_last_step += waited
             self._total_stall += waited
         return waited
+
+    def _report_cost(self) -> None:
+        """Hand the measured cost of the checkpoint being measured to ``on_checkpoint_cost``."""
+        cost = self._cost.finish()
+        if cost is not None and self._on_cost is not None:
+            self._on_cost(cost)
 
     def _free_name(self, step: int) -> str:
         """The checkpoint name for ``step`` that no existing file has."""

@@ -390,6 +390,7 @@ class AutoCheckpoint(Callback):
             shared_buffers=torch_shared_pool,
             persist_modules=(WRITE_TREE.partition(":")[0],),
             gpu=torch.cuda.is_available(),
+            on_checkpoint_cost=self._snapshotter.record_cost,  # snapshot_mode "auto" measures
         )
 
     def _finish_session(self, trainer: pl.Trainer, raise_errors: bool) -> None:

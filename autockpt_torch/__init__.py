@@ -4,7 +4,7 @@ torch.save of the copies; ``rng``: capture/restore of the Python, numpy, torch a
 generators; ``ResumableSampler``: a shuffling sampler a resumed run continues mid-epoch."""
 
 from .host_buffers import torch_buffer_pool, torch_shared_pool
-from .modes import ModeChoice, choose_mode, cpu_default_mode
+from .modes import ModeChoice, auto_candidates, choose_mode, cpu_default_mode
 from .pending import PendingCopy
 from .rng import capture_rng, restore_rng
 from .sampler import ResumableSampler
@@ -17,6 +17,7 @@ __all__ = [
     "PendingCopy",
     "ResumableSampler",
     "TorchSnapshotter",
+    "auto_candidates",
     "capture_rng",
     "choose_mode",
     "cpu_default_mode",

@@ -1,8 +1,9 @@
-"""Which snapshot copy mode to use (``Config.snapshot_mode``): a pure choice, logged once.
+"""Which snapshot copy modes to use (``Config.snapshot_mode``): pure choices.
 
 The modes themselves ("sync", "overlap", "device") are described in
 :mod:`autockpt_torch.staging`; :class:`~autockpt_torch.staging.TorchSnapshotter` calls
-:func:`choose_mode` at its first snapshot.
+:func:`choose_mode` at its first snapshot; for ``"auto"`` that is the first guess, and
+:func:`auto_candidates` the modes then tried and measured.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import dataclasses
 
 
 def cpu_default_mode(threads: int, cores: int | None) -> str:
-    """What ``"auto"`` picks on CPU: ``"overlap"`` when training leaves a core for the copy
-    thread (torch's intra-op ``threads`` < ``cores``), else ``"sync"``.
+    """``"auto"``'s first guess on CPU (tried first, then measured against the other mode):
+    ``"overlap"`` when training leaves a core for the copy thread (torch's intra-op
+    ``threads`` < ``cores``), else ``"sync"``.
 
     Measured with ``autockpt bench`` on the project's shared 2-core machines
     (docs/benchmarks.md): with 1 training thread, overlapping halved the blocked time at
@@ -25,6 +27,14 @@ DEVICE_FRACTION = 0.5
 """``"auto"`` reserves GPU buffers only when they take at most this share of free GPU memory."""
 
 MODES = ("auto", "sync", "overlap", "device")
+
+
+def auto_candidates(guess: str, *, on_cuda: bool) -> tuple[str, ...]:
+    """The modes ``"auto"`` tries (:class:`~autockpt_core.policy.mode_trial.ModeTrial`), the
+    first ``guess`` (:func:`choose_mode`) first: "sync" and "overlap", and on CUDA "device"
+    when the guess says it fits in free GPU memory."""
+    modes = ["sync", "overlap"] + (["device"] if on_cuda and guess == "device" else [])
+    return (guess, *(m for m in modes if m != guess))
 
 
 @dataclasses.dataclass(frozen=True)

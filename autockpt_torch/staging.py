@@ -18,9 +18,11 @@ Modes (``Config.snapshot_mode``):
   buffers (event A), then drained to the pinned host buffers on the same stream (event B).
   The next optimizer step waits for A only, the writer for B. Costs one copy of those tensors
   in GPU memory for the whole run.
-- ``"auto"``: :func:`choose_mode` on the first snapshot, from the state's devices, its size,
-  free GPU memory and, on CPU, :func:`cpu_default_mode` (measured with ``autockpt bench``);
-  the choice is logged.
+- ``"auto"``: measured. :func:`auto_candidates` lists the modes that fit the state (CPU:
+  "sync" and "overlap"; CUDA: also "device" when it fits in free GPU memory), first guess
+  first (:func:`choose_mode`); a :class:`~autockpt_core.policy.mode_trial.ModeTrial` tries
+  them on the first checkpoints and keeps the one with the lowest measured cost, fed by the
+  session through :meth:`TorchSnapshotter.record_cost`. The choice and its figures are logged.
 
 The overlap modes assume that between two optimizer steps nothing but the optimizer writes
 parameters or optimizer state (true for ordinary training; a callback that writes weights
@@ -44,10 +46,12 @@ import torch
 
 from autockpt_core import BufferPool
 from autockpt_core.persist.tree import map_tree
+from autockpt_core.policy.checkpoint_cost import CheckpointCost
+from autockpt_core.policy.mode_trial import ModeTrial
 
 from .cuda_api import CudaApi, record_on_stream
 from .host_buffers import host_copy, tensor_nbytes
-from .modes import MODES, ModeChoice, choose_mode, cpu_default_mode
+from .modes import MODES, ModeChoice, auto_candidates, choose_mode, cpu_default_mode
 from .pending import PendingCopy
 
 __all__ = ["DeferPredicate", "TorchSnapshotter", "optimizer_owned"]
@@ -63,8 +67,10 @@ class TorchSnapshotter:
     Call order (training thread): ``snapshot(state, pool, deferrable)`` inside the session's
     snapshot callable, bracketed by ``pool.begin_round()``/``end_round()`` (the session does
     it); then the session calls ``before_update()`` on the returned :class:`PendingCopy`
-    before the next optimizer step, and ``wait()`` in the writer thread. The mode is chosen
-    on the first call and kept (``choice``). ``threads``: torch's intra-op thread count
+    before the next optimizer step, and ``wait()`` in the writer thread. A requested mode is
+    kept; "auto" measures (``trial``): pass ``record_cost`` to the session as its
+    ``on_checkpoint_cost`` (training thread). ``choice`` is the mode in use and why; ``mode``
+    the mode of the latest snapshot. ``threads``: torch's intra-op thread count
     while copying on the training thread (see :func:`autockpt_torch.snapshot_tree`).
     ``cpu_auto``: the CPU choice of ``"auto"`` (default: :func:`cpu_default_mode` of torch's
     thread count and the cores, at the first snapshot). ``cuda`` and ``is_device`` exist for
@@ -86,6 +92,8 @@ class TorchSnapshotter:
         self.threads = threads
         self.cpu_auto = cpu_auto
         self.choice: ModeChoice | None = ModeChoice("sync", "requested") if mode == "sync" else None
+        self.trial: ModeTrial | None = None
+        self._last_mode: str | None = None
         self._cuda = cuda if cuda is not None else CudaApi()
         self._is_device = is_device if is_device is not None else (lambda t: bool(t.is_cuda))
         self._streams: dict[Any, Any] = {}
@@ -93,7 +101,24 @@ class TorchSnapshotter:
 
     @property
     def mode(self) -> str | None:
-        return self.choice.mode if self.choice is not None else None
+        """The copy mode of the latest snapshot (None before the first)."""
+        return self._last_mode
+
+    def record_cost(self, cost: CheckpointCost) -> None:
+        """A checkpoint's measured cost (the session's ``on_checkpoint_cost``; training thread).
+
+        Feeds the "auto" trial; logs a choice or a re-trial. A no-op for a requested mode.
+        """
+        trial = self.trial
+        if trial is None:
+            return
+        message = trial.record(cost)
+        if message is None:
+            return
+        log.info("autockpt: %s", message)
+        self.choice = ModeChoice(trial.next_mode(), trial.reason)
+        if not trial.trying and trial.chosen != "device":
+            self._device_pool = None  # reserved GPU buffers of a mode not kept (its copies are done)
 
     @property
     def device_buffer_bytes(self) -> int:
@@ -113,7 +138,8 @@ class TorchSnapshotter:
         if self.choice is None:
             self.choice = self._choose(state, deferrable)
             log.info("autockpt: snapshot copy mode %s (%s)", self.choice.mode, self.choice.reason)
-        mode = self.choice.mode
+        mode = self.trial.next_mode() if self.trial is not None else self.choice.mode
+        self._last_mode = mode
         defer = deferrable if (deferrable is not None and mode != "sync") else None
         now_items: list[tuple[torch.Tensor, torch.Tensor]] = []  # copied before returning
         later_items: list[tuple[Hashable, torch.Tensor, torch.Tensor]] = []  # overlapping the next step
@@ -159,13 +185,17 @@ class TorchSnapshotter:
         map_tree(state, _is_tensor, scan, other_fn=lambda x: x)
         free = self._cuda.free_bytes(device) if device is not None else None
         cpu_auto = self.cpu_auto or cpu_default_mode(torch.get_num_threads(), os.cpu_count())
-        return choose_mode(
+        guess = choose_mode(
             self.requested,
             on_cuda=device is not None,
             deferrable_bytes=deferred_bytes,
             free_device_bytes=free,
             cpu_auto=cpu_auto,
         )
+        if self.requested != "auto":
+            return guess
+        self.trial = ModeTrial(auto_candidates(guess.mode, on_cuda=device is not None))
+        return ModeChoice(self.trial.next_mode(), f"auto: {self.trial.reason} on the next checkpoints, first guess {guess.reason}")
 
     def _stream(self, device: torch.device) -> Any:
         stream = self._streams.get(device)

@@ -52,12 +52,13 @@ WORKERS = {
 HELP = "measure snapshot stall, persist throughput, memory and training slowdown vs the physical limits and baselines"
 
 DEFAULT_SIZES = "10MB,100MB,1GB,4GB"
-LIGHTNING_METHODS = ("none", "autockpt", "autockpt-thread", "autockpt-overlap", "modelcheckpoint", "async", "none")
+LIGHTNING_METHODS = ("none", "autockpt", "autockpt-thread", "autockpt-overlap", "autockpt-auto", "modelcheckpoint", "async", "none")
 KERAS_METHODS = ("none", "autockpt", "autockpt-thread", "modelcheckpoint", "none")
 LABELS = {
     "autockpt": "autockpt (sync copy, persist process)",
     "autockpt-thread": "autockpt (sync copy, persist thread)",
     "autockpt-overlap": "autockpt (copy overlapped, persist process)",
+    "autockpt-auto": "autockpt (copy mode measured, persist process)",
     "modelcheckpoint": "ModelCheckpoint",
     "async": "ModelCheckpoint + AsyncCheckpointIO",
 }
@@ -80,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each isolated measurement")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the sequence of training configurations this many times (alternating order); medians are reported")
+    parser.add_argument("--methods", default="",
+                        help="only these training methods (comma-separated, e.g. autockpt,autockpt-auto; "
+                             "the runs without checkpointing always run); default: all")
     parser.add_argument("--keras-backend", default="tensorflow", help="KERAS_BACKEND for the Keras runs")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per configuration")
 
@@ -94,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown framework(s) {sorted(unknown)}; use lightning, keras or both")
     if args.every < 2 or args.checkpoints < 1 or args.repeat < 1:
         raise ValueError("--every must be >= 2, --checkpoints and --repeat >= 1")
+    known = set(LIGHTNING_METHODS) | set(KERAS_METHODS)
+    unknown_methods = set(_methods_filter(args)) - known
+    if unknown_methods:
+        raise ValueError(f"unknown --methods {sorted(unknown_methods)}; use some of {', '.join(sorted(known - {'none'}))}")
     available = _mem_available()
     kept = [s for s in sizes if available is None or s * PEAK_FACTOR + PEAK_BASE <= available]
     for s in sizes:
@@ -171,6 +179,9 @@ def _bench_size(size: int, root: str, frameworks: list[str], args: argparse.Name
         ):
             if framework not in frameworks:
                 continue
+            wanted = _methods_filter(args)
+            if wanted:
+                methods = tuple(m for m in methods if m == "none" or m in wanted)
             order = methods if rep % 2 == 0 else tuple(reversed(methods))
             for i, method in enumerate(order):
                 console.print(f", {framework} {method}", end="")
@@ -182,6 +193,10 @@ def _bench_size(size: int, root: str, frameworks: list[str], args: argparse.Name
         if "error" in run_:
             console.print(f"[red]failed[/red] {' '.join(run_['cmd'][2:])}: {run_['error']}")
     return entry
+
+
+def _methods_filter(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(m.strip() for m in str(getattr(args, "methods", "") or "").split(",") if m.strip())
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -283,6 +298,8 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]], lis
             label = LABELS.get(row["method"], row["method"])
             if row["method"] == "none":
                 label = f"no checkpoints (baseline; noise {row['baseline_noise'] * 100:.0f}%)"
+            elif row["method"] == "autockpt-auto" and row.get("copy_mode"):
+                label = label.replace("measured", f"measured, kept {row['copy_mode']}")
             persist = _fmt(row.get("persist_gbps"), ".2f") + ("" if row.get("fsync", True) else " (no fsync)")
             train.append([
                 size, row["framework"], label,

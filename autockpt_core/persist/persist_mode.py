@@ -11,10 +11,25 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..config import PERSIST_MODES
+from .storage import LocalStorage
 
-__all__ = ["PERSIST_MODES", "PersistModeChoice", "choose_persist_mode"]
+__all__ = ["PERSIST_MODES", "PersistModeChoice", "choose_persist_mode", "process_can_write"]
+
+
+def process_can_write(storage: Any) -> bool:
+    """True when a persist process, which writes files with :meth:`LocalStorage.write_atomic`
+    itself, writes what ``storage`` would: a :class:`LocalStorage` that keeps that method, or
+    one whose ``process_writable`` attribute says so (a subclass that changes how checkpoint
+    files are written, and has not said so, keeps the writer thread)."""
+    if not isinstance(storage, LocalStorage):
+        return False
+    declared = getattr(storage, "process_writable", None)
+    if declared is not None:
+        return bool(declared)
+    return type(storage).write_atomic is LocalStorage.write_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +54,7 @@ def choose_persist_mode(
         return PersistModeChoice("thread", "requested")
     missing = (
         "async_persist=False persists on the training thread" if not async_persist
-        else "the storage is not a local directory" if not local
+        else "the storage is not a plain local directory" if not local
         else "shared snapshot buffers need Linux (memfd_create)" if not supported
         else "this adapter's buffers cannot be shared" if not shareable
         else None

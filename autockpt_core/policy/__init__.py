@@ -5,6 +5,8 @@
 - :mod:`.decision`: :func:`choose_interval` and :class:`CheckpointPolicy` (the per-step answer).
 - :mod:`.adaptive`, :mod:`.frontload` (with :mod:`.losscurve`), :mod:`.adjusters`: interval
   adjusters (re-tuning, the front-loaded schedule) and how the config selects them.
+- :mod:`.checkpoint_cost`, :mod:`.mode_trial`: what one checkpoint cost the training, and
+  ``snapshot_mode="auto"``'s choice of copy mode from those costs.
 - :mod:`.simulate`, :mod:`.dryrun`: policies under simulated failures; the real policy on a
   fake clock. :mod:`.stats`: small statistics helpers.
 

@@ -24,6 +24,13 @@ class Estimates:
     iterations that ran while a checkpoint was being snapshotted or persisted (their own stall
     excluded; each capped at 5x the clean median so one page-cache flush cannot dominate);
     compared with ``iter_time_s`` it gives the slowdown background work causes.
+    ``recent_iter_time_s`` is the median of the last :data:`RECENT` clean iterations: the
+    reference for the steps right after a checkpoint (a machine whose speed drifts, or a
+    process that trains faster once it has written a checkpoint, moves the window median
+    too slowly for that). ``iter_sd_s`` is the spread of the clean iterations in the window, a
+    robust standard deviation (1.4826 × the median absolute deviation; None below
+    :data:`SPREAD_SAMPLES`): how much two identical steps differ on this machine, the noise
+    against which a slowdown measured over a few steps is judged.
     """
 
     iter_time_s: float | None = None
@@ -31,6 +38,8 @@ class Estimates:
     persist_s: float | None = None
     checkpoint_bytes: int | None = None
     loaded_iter_time_s: float | None = None
+    recent_iter_time_s: float | None = None
+    iter_sd_s: float | None = None
     iterations_seen: int = 0
     checkpoints_seen: int = 0
 
@@ -69,6 +78,12 @@ class Estimates:
 
 #: Fresh clean iterations needed before a re-measured iteration time is trusted again.
 REFRESH_SAMPLES = 3
+#: Clean iterations in ``Estimates.recent_iter_time_s``.
+RECENT = 5
+#: Clean iterations needed before ``Estimates.iter_sd_s`` is given.
+SPREAD_SAMPLES = 5
+#: Robust standard deviation = this × the median absolute deviation (normal noise).
+MAD_TO_SD = 1.4826
 
 
 class Profiler:
@@ -82,6 +97,7 @@ class Profiler:
         self._warmup = warmup_steps
         self._lock = threading.Lock()
         self._iter: deque[float] = deque(maxlen=window)
+        self._recent: deque[float] = deque(maxlen=RECENT)
         self._loaded_iter: deque[float] = deque(maxlen=window)
         self._stall: deque[float] = deque(maxlen=window)
         self._persist: deque[float] = deque(maxlen=window)
@@ -114,6 +130,7 @@ class Profiler:
                     self._refreshing = True
             else:
                 self._iter.append(seconds)
+                self._recent.append(seconds)
                 self._since_clean = 0
                 if len(self._iter) >= REFRESH_SAMPLES:
                     self._refreshing = False
@@ -139,6 +156,8 @@ class Profiler:
                 persist_s=_median(self._persist),
                 checkpoint_bytes=int(statistics.median(self._bytes)) if self._bytes else None,
                 loaded_iter_time_s=_capped_mean(self._loaded_iter, self._iteration_estimate()),
+                recent_iter_time_s=_median(self._recent),
+                iter_sd_s=_robust_sd(self._iter),
                 iterations_seen=self._iterations,
                 checkpoints_seen=self._checkpoints,
             )
@@ -172,6 +191,14 @@ def _capped_mean(values: deque[float], clean: float | None) -> float | None:
         return statistics.fmean(values)
     cap = OUTLIER_CAP * clean
     return statistics.fmean(min(v, cap) for v in values)
+
+
+def _robust_sd(values: deque[float]) -> float | None:
+    """1.4826 × the median absolute deviation of ``values`` (None below SPREAD_SAMPLES)."""
+    if len(values) < SPREAD_SAMPLES:
+        return None
+    center = statistics.median(values)
+    return MAD_TO_SD * float(statistics.median(abs(v - center) for v in values))
 
 
 def _median(values: deque[float] | deque[int]) -> float | None:

@@ -15,7 +15,8 @@ Phases, and where the script reports them:
 ``val``        Lightning script: inside every validation step of fit() (``step`` = global step)
 ``sanity``     Lightning script: inside every validation step of the sanity check
 ``snapshot``   the script calls ``plan.hit("snapshot")`` inside the snapshot (phase 1)
-``persist``    ``FaultStorage``: the checkpoint file is half written (temporary name)
+``persist``    ``FaultStorage``: the checkpoint file is half written (temporary name); with
+               the persist process, :func:`write_tree_with_faults` in that process
 ``commit``     ``FaultStorage``: the file is renamed into place, the manifest not yet written
 ``retention``  ``FaultStorage``: the manifest dropped an old record, its file not yet deleted
 =============  ==========================================================================
@@ -25,8 +26,15 @@ itself: nothing runs after it, not even ``finally`` blocks or the writer thread)
 ``sigterm`` (sends itself SIGTERM and goes on: the preemption path), ``enospc`` / ``eacces``
 (the write raises ``OSError``; persist phase only).
 
-Framework-free (stdlib and autockpt_core only). Test-only: nothing in the library reads these
-variables.
+Framework-free (stdlib and autockpt_core only; :func:`write_tree_with_faults` imports
+autockpt_torch when it runs). Test-only: nothing in the library reads these variables.
+
+With ``persist_mode="process"`` the checkpoint file is written by autockpt's persist process,
+which inherits the environment: the script names :data:`PROCESS_WRITE` as the write function
+(it resolves there by name) and builds ``FaultStorage(..., process_writable=True)`` so the
+commit and retention phases stay injected in the training process, where they run. A kill in
+the persist process takes the training process (its parent) down first, as a node failure
+takes both.
 """
 
 from __future__ import annotations
@@ -77,16 +85,22 @@ class FaultPlan:
             return step is not None and step >= int(self.plan["at"])
         return self.counts[phase] >= int(self.plan.get("nth", 1))
 
-    def hit(self, phase: str, step: int | None = None, **info: Any) -> None:
-        """Report reaching ``phase``; kills or signals this process when the plan says so."""
+    def hit(self, phase: str, step: int | None = None, *, target: int | None = None, **info: Any) -> None:
+        """Report reaching ``phase``; kills or signals this process when the plan says so.
+
+        ``target``: the training process, when this is another one (the persist process): it
+        is killed (or signalled) first, and this process killed after it.
+        """
         if not self.due(phase, step):
             return
         self.done = True
         self.log(phase=phase, step=step, action=self.action, **info)
+        training = target if target is not None else os.getpid()
         if self.action == "kill":
+            os.kill(training, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.action == "sigterm":
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(training, signal.SIGTERM)
         else:
             raise self.error()
 
@@ -135,9 +149,10 @@ class FaultStorage(LocalStorage):
     phase is reported.
     """
 
-    def __init__(self, root: str, plan: FaultPlan, suffix: str, half: int = 4096) -> None:
+    def __init__(self, root: str, plan: FaultPlan, suffix: str, half: int = 4096, process_writable: bool = False) -> None:
         super().__init__(root)
         self.plan, self.suffix, self.half = plan, suffix, half
+        self.process_writable = process_writable  # see the module docstring
 
     def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
         if name == MANIFEST_NAME:
@@ -155,3 +170,27 @@ class FaultStorage(LocalStorage):
         if name.endswith(self.suffix):
             self.plan.hit("retention", name=name)
         super().delete(name)
+
+
+PROCESS_WRITE = "tests.fault.child:write_tree_with_faults"
+""":func:`write_tree_with_faults` by name, for ``PortableWrite`` (Lightning script, process mode)."""
+HALF = 2048
+"""Bytes of a checkpoint file written before the persist phase is reported in the persist process."""
+_PROCESS_PLAN: FaultPlan | None = None  # the persist process's own count of persist hits
+
+
+def write_tree_with_faults(file: IO[bytes], *, tree: Any, zip_crc32: bool = True) -> None:
+    """``autockpt_torch.snapshot.write_tree`` in the persist process, reporting the persist
+    phase after :data:`HALF` bytes; the kill or signal reaches the training process (its
+    parent) first."""
+    global _PROCESS_PLAN
+    from autockpt_torch.snapshot import write_tree
+
+    if _PROCESS_PLAN is None:
+        _PROCESS_PLAN = FaultPlan.from_env()
+    plan = _PROCESS_PLAN
+
+    def at_half() -> None:
+        plan.hit("persist", target=os.getppid(), in_persist_process=True)
+
+    write_tree(_HalfWayFile(file, HALF, at_half), tree=tree, zip_crc32=zip_crc32)  # type: ignore[arg-type]

@@ -1,12 +1,15 @@
 """Lightning training script for the fault harness (contract: see harness.py).
 
 ``python -m tests.fault.lightning_script DIRPATH OUT [--baseline] [--loader stateful|sampler|sampler-workers|iterable]
-[--epochs N] [--every K] [--val] [--async-persist 0|1]``
+[--epochs N] [--every K] [--val] [--async-persist 0|1] [--persist-mode thread|process]``
 
 A small MLP with dropout, Adam and a per-step StepLR, on shuffled synthetic data: 96 samples,
 batch 8, so 12 steps per epoch; a shuffled validation loader runs after each epoch (with
 ``--val``). The callback checkpoints every ``--every`` steps (dense, so faults land in every
-phase), keeps 2, and resumes automatically. Faults come from ``tests.fault.child``.
+phase), keeps 2, and resumes automatically. Faults come from ``tests.fault.child``. With
+``--persist-mode process`` the checkpoint files are written by autockpt's persist process
+(the script waits for it to be ready before training, so every checkpoint is) and the
+persist phase is reported there (``tests.fault.child.write_tree_with_faults``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa:
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from autockpt_lightning import AutoCheckpoint, ResumableSampler  # noqa: E402
-from tests.fault.child import FaultPlan, FaultStorage  # noqa: E402
+import autockpt_lightning.callback as callback_module  # noqa: E402
+from tests.fault.child import HALF, PROCESS_WRITE, FaultPlan, FaultStorage  # noqa: E402
 
 PLAN = FaultPlan.from_env()
 
@@ -118,14 +122,22 @@ def train(
     model_cls: type[Net] = Net,
     ckpt_path: str | None = None,
     sanity: int = 0,
+    persist_mode: str = "thread",
     **callback_kwargs: Any,
 ) -> tuple[Net, pl.Trainer, AutoCheckpoint | None]:
     """Seed, build and fit; returns the model, the trainer and the callback (None for baseline)."""
     pl.seed_everything(0, verbose=False)
     model = model_cls()
     callback = None
+    in_process = persist_mode == "process"
+    if in_process:
+        callback_module.WRITE_TREE = PROCESS_WRITE  # type: ignore[misc]  # the checkpoint file's writer, by name
+        extra_callbacks = (*extra_callbacks, WaitForPersistProcess())
     if not baseline:
-        callback_kwargs.setdefault("storage", FaultStorage(dirpath, PLAN, suffix=".ckpt", half=2048))
+        callback_kwargs.setdefault(
+            "storage", FaultStorage(dirpath, PLAN, suffix=".ckpt", half=HALF, process_writable=in_process)
+        )
+        callback_kwargs.setdefault("persist_mode", persist_mode)
         callback_kwargs.setdefault("keep_last", 2)
         callback = AutoCheckpoint(dirpath, every_n_steps=every, async_persist=async_persist, **callback_kwargs)
     trainer = pl.Trainer(
@@ -145,6 +157,17 @@ def train(
     return model, trainer, callback
 
 
+class WaitForPersistProcess(pl.Callback):
+    """Every checkpoint is then written by the persist process (until it is ready, the writer
+    thread writes them)."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        auto = next((c for c in trainer.callbacks if isinstance(c, AutoCheckpoint)), None)  # type: ignore[attr-defined]
+        if auto is not None and auto.session is not None:
+            assert auto.session.persist_mode.mode == "process", auto.session.persist_mode
+            assert auto.session.wait_for_persist_process(60), "the persist process did not start"
+
+
 def weights_of(model: pl.LightningModule) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
@@ -160,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--sanity", type=int, default=0, help="validation batches of the sanity check")
+    parser.add_argument("--persist-mode", default="thread", choices=["thread", "process"])
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -172,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         val=args.val,
         async_persist=bool(args.async_persist),
         sanity=args.sanity,
+        persist_mode=args.persist_mode,
         root=os.path.dirname(os.path.abspath(args.out)),
     )
     tmp = args.out + ".tmp.npz"

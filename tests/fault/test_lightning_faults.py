@@ -46,6 +46,26 @@ def test_kills_in_snapshot_persist_and_step_plus_sigterm_end_bitwise_equal(tmp_p
     assert_weights_equal(result.weights, expected)
 
 
+def test_kills_while_the_persist_process_writes_and_commits_end_bitwise_equal(tmp_path: Path) -> None:
+    """persist_mode="process": the checkpoint file is written by the persist process. A kill
+    there (half the file written) takes the training process down with it; a kill at the
+    commit hits the training process, whose writer thread commits what the child wrote."""
+    args = ["--loader", "stateful", "--epochs", "2", "--every", "3", "--persist-mode", "process"]
+    model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader="stateful", epochs=2)
+    expected = weights_of(model)
+    plans = [
+        {"phase": "persist", "nth": 2},  # SIGKILL of the job while the persist process writes
+        {"phase": "commit", "nth": 2},  # SIGKILL with the file in place, the manifest not yet written
+    ]
+    result = run_until_done(COMMAND, tmp_path / "ck", tmp_path / "w.npz", plans=plans, extra_args=args)
+    result.assert_faults_happened()
+    assert [a.returncode for a in result.attempts] == [-9, -9, 0], result.report()
+    assert result.attempts[0].events[0].get("in_persist_process") is True, result.report()
+    assert result.attempts[0].newest_step == 3, result.report()  # the second file was half written
+    assert not list((tmp_path / "ck").glob("*.tmp*")), sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert_weights_equal(result.weights, expected)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loader", ["stateful", "sampler", "iterable"])
 @pytest.mark.parametrize("seed", [0, 1])

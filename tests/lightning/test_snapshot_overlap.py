@@ -60,3 +60,43 @@ def test_checkpoints_hold_the_state_of_their_step(tmp_path: Path, mode: str) -> 
             assert torch.equal(saved[i]["exp_avg"], exp_avg), (mode, step, i)
     assert session.buffers.allocations == len(session.buffers)  # allocated once, reused
     assert len(recorder.waited_before_update) == 14 and all(recorder.waited_before_update)
+
+
+class ModeRecorder(OptimizerStateRecorder):
+    """Also records the copy mode each checkpoint used (runs after AutoCheckpoint's hook)."""
+
+    def __init__(self, auto: Any, capture_steps: tuple[int, ...]) -> None:
+        super().__init__(auto, capture_steps)
+        self.modes: dict[int, tuple[str, str | None]] = {}  # step: (mode used, mode kept by then)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        if self.auto.events and self.auto.events[-1].step == trainer.global_step:
+            snapshotter = self.auto._snapshotter
+            self.modes[trainer.global_step] = (snapshotter.mode, snapshotter.trial.chosen)
+
+
+def test_auto_measures_both_modes_in_a_real_fit_then_keeps_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    auto = AutoCheckpoint(tmp_path / "ck", every_n_steps=3, keep_last=20, verbose=False, snapshot_mode="auto",
+                          persist_mode="thread")
+    steps = tuple(range(3, 40, 3))
+    recorder = ModeRecorder(auto, capture_steps=steps)
+    with caplog.at_level("INFO", logger="autockpt"):
+        make_trainer(tmp_path, [auto, recorder], max_steps=40).fit(BatchNormModel(), TinyData(samples=640))
+    trial = auto._snapshotter.trial
+    assert trial is not None and trial.rounds >= 1  # chosen at least once
+    used = [recorder.modes[s][0] for s in steps]
+    assert {"sync", "overlap"} <= {mode for mode, kept in recorder.modes.values() if kept is None}  # both tried ...
+    kept = [(mode, chosen) for mode, chosen in recorder.modes.values() if chosen is not None]
+    assert kept and all(mode == chosen for mode, chosen in kept)  # ... then one kept (until conditions drift)
+    first = next(chosen for _mode, chosen in recorder.modes.values() if chosen is not None)
+    assert any(f"snapshot copy mode {first} (auto: lowest measured cost" in r.getMessage() for r in caplog.records)
+    session = auto.session
+    assert session is not None
+    paths = {r.step: session.path_of(r) for r in session.records()}
+    for step in steps:  # whichever mode a checkpoint used, it holds the state of its step
+        ckpt = torch.load(paths[step], weights_only=False)
+        for key, value in recorder.captured[step].items():
+            assert torch.equal(ckpt["state_dict"][key], value), (used, step, key)
+        for i, exp_avg in enumerate(recorder.exp_avg[step]):
+            assert torch.equal(ckpt["optimizer_states"][0]["state"][i]["exp_avg"], exp_avg), (used, step, i)

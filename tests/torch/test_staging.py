@@ -231,4 +231,25 @@ def test_cuda_device_snapshot_reserves_device_buffers_and_the_update_waits_for_t
     assert snapshotter.device_buffer_bytes == w.numel() * 4  # reused, not grown
 
 
+def test_auto_on_cuda_tries_device_overlap_and_sync_and_frees_the_device_buffers_it_does_not_keep() -> None:
+    from autockpt_core.policy.checkpoint_cost import CheckpointCost
+
+    cuda = FakeCuda(free=10 * MiB)
+    state = make_state()
+    w = state["state_dict"]["w"]
+    snapshotter = gpu_snapshotter("auto", cuda)
+    pool = torch_buffer_pool(pin_memory=False)
+    costs = {"device": 0.05, "overlap": 0.04, "sync": 0.01}  # e.g. a small model: the plain copy wins
+    used = []
+    while snapshotter.trial is None or snapshotter.trial.trying:
+        _, nbytes, pending = take(snapshotter, state, pool, lambda t: t.data_ptr() == w.data_ptr())
+        if pending is not None:
+            pending.wait()
+        used.append(snapshotter.mode)
+        snapshotter.record_cost(CheckpointCost(snapshotter.mode or "", costs[snapshotter.mode or ""], 0.0, 1, 0.1, nbytes))
+    assert used == ["device", "sync", "overlap"] * 2
+    assert snapshotter.choice is not None and snapshotter.choice.mode == "sync"
+    assert snapshotter.device_buffer_bytes == 0  # the reserved GPU copy is given back
+
+
 # -- persist ----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``python -m autockpt_core.cli.workers.lightning_bench train --method M --bytes N --dir D [--every K] [--checkpoints C]``
     trains a square MLP with Adam whose training state is ~N bytes for ``(C + 1)·K - 1`` steps with
     a checkpoint every K steps (M: ``none``, ``autockpt`` (snapshot_mode "sync", the default
-    persist_mode), ``autockpt-overlap``, ``autockpt-thread`` (persist_mode "thread"),
+    persist_mode), ``autockpt-overlap``, ``autockpt-auto`` (snapshot_mode "auto": measured),
+    ``autockpt-thread`` (persist_mode "thread"),
     ``modelcheckpoint``, ``async`` = ModelCheckpoint with AsyncCheckpointIO) and reports
     per-checkpoint stall, persist time, file size, the mean step time after warm-up, the
     step time of iterations overlapping a background persist vs clean ones, and the peak
@@ -35,7 +36,8 @@ import torch
 from ...persist.storage import LocalStorage
 from .measure import emit, mlp_layout, overlap_figures, record_persist_windows, stall_figures, step_times, timed
 
-METHODS = ("none", "autockpt", "autockpt-overlap", "autockpt-thread", "modelcheckpoint", "async")
+METHODS = ("none", "autockpt", "autockpt-overlap", "autockpt-auto", "autockpt-thread", "modelcheckpoint", "async")
+COPY_MODES = {"autockpt-overlap": "overlap", "autockpt-auto": "auto"}  # the others: "sync"
 BATCH = 16
 
 
@@ -101,6 +103,13 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
             if session is not None:
                 session.wait_for_persist_process()
 
+    modes: list[str | None] = []  # autockpt: the copy mode of each checkpoint
+
+    class ModeLog(Callback):  # after AutoCheckpoint
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if tracked.events and tracked.events[-1].step == trainer.global_step:
+                modes.append(tracked._snapshotter.mode)
+
     class StepTimer(Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
             marks[trainer.global_step] = time.perf_counter()
@@ -121,12 +130,12 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         extra: dict[str, Any] = {"signals": ()} if "signals" in {f.name for f in dataclasses.fields(Config)} else {}
         tracked = AutoCheckpoint(
             directory, every_n_steps=every, keep_last=2, resume=False, verbose=False,
-            snapshot_mode="overlap" if method == "autockpt-overlap" else "sync",
+            snapshot_mode=COPY_MODES.get(method, "sync"),
             persist_mode="thread" if method == "autockpt-thread" else "auto", **extra,
         )
         record_persist_windows(windows)
         hook_timer(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
-        callbacks.append(tracked)
+        callbacks += [tracked, ModeLog()]
     elif method in ("modelcheckpoint", "async"):
         tracked = ModelCheckpoint(dirpath=directory, every_n_train_steps=every, save_top_k=1, save_last=False)
         hook_timer(tracked, ("on_train_batch_end",), hooks)
@@ -168,6 +177,13 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         result["buffer_peak_bytes"] = session.buffers.peak_bytes
         result["buffer_allocations"] = session.buffers.allocations
         result["copy_mode"] = tracked._snapshotter.mode
+        result["copy_modes"] = modes
+        choice = tracked._snapshotter.choice
+        result["copy_mode_reason"] = choice.reason if choice is not None else None
+        trial = tracked._snapshotter.trial
+        result["trial_costs_ms"] = (  # [mode, blocked, excess of the steps around it, its noise (sd)]
+            [[c.mode, c.stall_s * 1e3, c.excess_s * 1e3, c.excess_sd_s * 1e3] for c in trial.measured] if trial else None
+        )
         result["persist_mode"] = session.persist_mode.mode
         result["prefaulted_bytes"] = session.buffers.prefaulted_bytes
         result["process_writes"] = session.process_writes

@@ -56,6 +56,7 @@ def test_summarize_derives_the_ratios() -> None:
                     _run("lightning", "none", 1.0),
                     _run("lightning", "none", 1.2),
                     _run("lightning", "autockpt", 1.21, stall_s=0.75, rss=1150, copy_mode="sync"),
+                    _run("lightning", "autockpt-auto", 1.15, stall_s=0.5, rss=1150, copy_mode="overlap"),
                     _run("lightning", "modelcheckpoint", 2.1, stall_s=5.0, rss=1100, fsync=False),
                 ],
             }
@@ -75,6 +76,7 @@ def test_summarize_derives_the_ratios() -> None:
     assert entry["isolated"]["autockpt_safetensors_raw"] == pytest.approx(0.5)
     text = cli_bench.markdown(results)
     assert "test machine" in text and "| 100B | lightning | autockpt (sync copy, persist process) |" in text
+    assert "| autockpt (copy mode measured, kept overlap, persist process) |" in text
 
 
 def test_bench_is_a_cli_command(tmp_path, capsys) -> None:
@@ -83,6 +85,7 @@ def test_bench_is_a_cli_command(tmp_path, capsys) -> None:
         cli.main(["bench", "--help"])
     assert "--sizes" in capsys.readouterr().out
     assert cli.main(["bench", "--sizes", "0MB", "--dir", str(tmp_path)]) == 2
+    assert cli.main(["bench", "--sizes", "1MB", "--methods", "autockpt,fastest", "--dir", str(tmp_path)]) == 2
 
 
 def test_machine_info_names_the_cpu() -> None:

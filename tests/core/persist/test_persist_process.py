@@ -11,13 +11,14 @@ import textwrap
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from autockpt_core.errors import CheckpointWriteError
 from autockpt_core.persist import LocalStorage, read_manifest, read_tensor_file
-from autockpt_core.persist.persist_mode import choose_persist_mode
+from autockpt_core.persist.persist_mode import choose_persist_mode, process_can_write
 from autockpt_core.persist.persist_process import PersistProcess, PortableWrite
 from autockpt_core.persist.shared_memory import SharedArena, numpy_shared_pool, shared_memory_supported
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
@@ -159,7 +160,7 @@ def _alive(pid: int) -> bool:
         ("auto", {"gpu": True}, "thread", "CUDA is available"),
         ("process", {"gpu": True}, "process", "requested"),
         ("thread", {}, "thread", "requested"),
-        ("auto", {"local": False}, "thread", "not a local directory"),
+        ("auto", {"local": False}, "thread", "not a plain local directory"),
         ("process", {"supported": False}, "thread", "need Linux"),
         ("auto", {"shareable": False}, "thread", "cannot be shared"),
         ("process", {"async_persist": False}, "thread", "async_persist=False"),
@@ -169,6 +170,33 @@ def test_choose_persist_mode(requested: str, kwargs: dict[str, bool], mode: str,
     base = {"async_persist": True, "local": True, "supported": True, "shareable": True, "gpu": False}
     choice = choose_persist_mode(requested, **{**base, **kwargs})  # type: ignore[arg-type]
     assert choice.mode == mode and reason in choice.reason
+
+
+class _CompressingStorage(LocalStorage):
+    def write_atomic(self, name, write):  # type: ignore[no-untyped-def]
+        return super().write_atomic(name, write)  # stands for a subclass that changes the bytes
+
+
+class _DeclaredStorage(_CompressingStorage):
+    process_writable = True  # its override does not change checkpoint files (e.g. test hooks)
+
+
+class _PlainSubclass(LocalStorage):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("make", "can"),
+    [
+        (lambda root: LocalStorage(root), True),
+        (lambda root: _PlainSubclass(root), True),  # write_atomic untouched
+        (lambda root: _CompressingStorage(root), False),  # the child would bypass its override
+        (lambda root: _DeclaredStorage(root), True),
+        (lambda root: object(), False),  # not a local directory (fsspec storage)
+    ],
+)
+def test_a_persist_process_writes_only_storages_it_writes_the_same_way(tmp_path: Path, make: Any, can: bool) -> None:
+    assert process_can_write(make(tmp_path)) is can
 
 
 @needs_shm

@@ -50,3 +50,34 @@ def test_stale_clean_estimate_is_dropped_and_remeasured() -> None:
 def test_rejects_bad_arguments(warmup, window) -> None:
     with pytest.raises(ValueError):
         Profiler(warmup, window)
+
+
+def test_recent_iteration_time_follows_the_latest_clean_steps() -> None:
+    p = Profiler(warmup_steps=0, window=50)
+    assert p.estimates().recent_iter_time_s is None
+    for _ in range(40):
+        p.record_iteration(0.2)
+    for _ in range(5):
+        p.record_iteration(0.1)  # the process got faster (e.g. after its first checkpoint write)
+    p.record_iteration(0.5, loaded=True)  # loaded steps do not count
+    est = p.estimates()
+    assert est.iter_time_s == pytest.approx(0.2)  # the window median lags
+    assert est.recent_iter_time_s == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("steps", "sd"),
+    [
+        ([0.1] * 4, None),  # too few to tell
+        ([0.1] * 20, 0.0),  # identical steps
+        ([0.09, 0.11] * 10, 1.4826 * 0.01),  # ±10 ms around 100 ms
+        ([0.09, 0.1, 0.11] * 7 + [5.0], 1.4826 * 0.01),  # one GC pause does not widen it
+    ],
+)
+def test_the_spread_of_clean_steps_is_a_robust_standard_deviation(steps: list[float], sd: float | None) -> None:
+    p = Profiler(warmup_steps=0, window=50)
+    for s in steps:
+        p.record_iteration(s)
+    p.record_iteration(3.0, loaded=True)  # loaded steps do not count
+    got = p.estimates().iter_sd_s
+    assert got == (None if sd is None else pytest.approx(sd))
