@@ -35,7 +35,8 @@ class Config:
     """User settings for automatic checkpointing.
 
     Attributes:
-        dirpath: Directory (or ``file://`` URL) the checkpoints and the manifest go to.
+        dirpath: Directory, ``file://`` URL or fsspec URL (``s3://bucket/run``) the
+            checkpoints and the manifest go to.
         overhead_budget: Largest fraction of training time checkpointing may cost (0.02 = 2%).
         mtbf: Mean time between failures in seconds (or "6h"); enables Young/Daly.
         every_n_steps: Fixed interval in optimizer steps; replaces the policy (so it cannot be
@@ -75,6 +76,10 @@ class Config:
             snapshot from shared memory, so the persist never holds the training's GIL; local
             directories on Linux) or "auto" ("process" where possible unless CUDA is available,
             whose buffers are pinned instead; the choice is logged). See ``docs/benchmarks.md``.
+        storage_options: Options for the fsspec filesystem of a URL ``dirpath`` (``s3://``,
+            ``gs://``, ...), passed to ``fsspec.core.url_to_fs``: e.g. ``endpoint_url``,
+            ``key``/``secret``, ``client_kwargs``. Only with a URL. See
+            ``docs/reliability.md``, "Object storage".
     """
 
     dirpath: str
@@ -96,10 +101,12 @@ class Config:
     on_preempt: str = "exit"
     snapshot_mode: str = "auto"
     persist_mode: str = "auto"
+    storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "dirpath", _check_dirpath(self.dirpath))
+        set_(self, "storage_options", _check_storage_options(self.storage_options, self.dirpath))
         set_(self, "overhead_budget", _check_budget(self.overhead_budget))
         set_(self, "mtbf", _check_optional_duration("mtbf", self.mtbf, example="'6h'"))
         set_(self, "every_n_steps", _check_optional_positive_int("every_n_steps", self.every_n_steps))
@@ -219,6 +226,27 @@ class Config:
 
 
 # -- field checks ---------------------------------------------------------------------------
+
+
+def _check_storage_options(value: Any, dirpath: str) -> dict[str, Any] | None:
+    """A copy of ``storage_options`` (None or a mapping with string keys), refused for a local dirpath."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(
+            "storage_options",
+            value,
+            "is not a mapping of option names to values",
+            "pass a dict such as {'endpoint_url': 'http://127.0.0.1:9000', 'key': ..., 'secret': ...}",
+        )
+    if "://" not in dirpath or dirpath.startswith("file://"):
+        raise ConfigError(
+            "storage_options",
+            dict(value),
+            f"applies to fsspec URLs, but dirpath={dirpath!r} is a local directory",
+            "use a URL such as dirpath='s3://bucket/run', or drop storage_options",
+        )
+    return dict(value)
 
 
 def _check_dirpath(value: Any) -> str:

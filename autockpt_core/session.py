@@ -136,7 +136,7 @@ class CheckpointSession:
         self.config = config
         self.framework = framework
         self.suffix = suffix
-        self.storage = storage if storage is not None else storage_for(config.dirpath)
+        self.storage = storage if storage is not None else storage_for(config.dirpath, config.storage_options)
         self.persist_mode = choose_persist_mode(
             config.persist_mode,
             async_persist=config.async_persist,

@@ -167,6 +167,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
             the snapshot buffers from shared memory, so the persist never holds the training
             thread's GIL), "thread" (a writer thread) or "auto" ("process" on Linux with a
             local ``dirpath``, unless the torch backend has CUDA).
+        storage_options: fsspec options for a URL ``dirpath`` (``s3://...``): e.g.
+            ``endpoint_url``, ``key``, ``secret``.
         config: A ready :class:`~autockpt_core.Config`; explicit settings above override it.
         save_on_train_end: Take a final checkpoint when ``fit()`` returns normally and the
             state advanced since the newest checkpoint, so a rerun with more epochs continues
@@ -218,6 +220,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         on_preempt: str = _DEFAULTS["on_preempt"],
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
         persist_mode: str = _DEFAULTS["persist_mode"],
+        storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,

@@ -22,7 +22,7 @@ import json
 import mmap
 import os
 import warnings
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -152,33 +152,42 @@ def read_record(storage: Storage, record: CheckpointRecord) -> tuple[dict[str, n
     return read_checkpoint_bytes(data, location_of(storage, record.name))
 
 
-def latest_record(dirpath: str | os.PathLike[str]) -> tuple[Storage, CheckpointRecord | None]:
-    """The storage for ``dirpath`` and its newest Keras checkpoint that verifies (or None)."""
-    storage = storage_for(dirpath)
+def latest_record(
+    dirpath: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[Storage, CheckpointRecord | None]:
+    """The storage for ``dirpath`` (a URL with fsspec ``storage_options``) and its newest
+    Keras checkpoint that verifies (or None)."""
+    storage = storage_for(dirpath, storage_options)
     return storage, find_latest_valid(storage, framework=FRAMEWORK)
 
 
-def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
+def latest_checkpoint(
+    dirpath: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> str | None:
     """Path (or URL) of the newest valid Keras checkpoint in ``dirpath``, or None.
 
     "Valid" means listed in the manifest with a matching size and checksum; a corrupt newest
-    file is skipped with a warning and the previous one is returned.
+    file is skipped with a warning and the previous one is returned. ``storage_options``: as
+    the callback's, for a URL ``dirpath``.
     """
-    storage, record = latest_record(dirpath)
+    storage, record = latest_record(dirpath, storage_options)
     if record is None:
         return None
     return location_of(storage, record.name)
 
 
-def load_checkpoint(source: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
-    """Arrays and info of a checkpoint file, or of the newest valid one in a directory.
+def load_checkpoint(
+    source: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Arrays and info of a checkpoint file, or of the newest valid one in a directory (or
+    under a URL, with fsspec ``storage_options``).
 
     Raises ``FileNotFoundError`` when ``source`` is a directory without a Keras checkpoint.
     """
     text = os.fspath(source)
     if os.path.isfile(text):
         return read_local_file(text)
-    storage, record = latest_record(text)
+    storage, record = latest_record(text, storage_options)
     if record is None:
         raise FileNotFoundError(
             f"no valid autockpt Keras checkpoint in {text!r}. Fix: pass the dirpath an "

@@ -13,14 +13,18 @@ while ``fit()`` is training the same model.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from .checkpoint_file import CheckpointInfo, load_checkpoint
 from .state import GROUPS, assign_state, collect_state, ensure_built
 
 
 def restore(
-    model: Any, source: str | os.PathLike[str], *, include_optimizer: bool = True
+    model: Any,
+    source: str | os.PathLike[str],
+    *,
+    include_optimizer: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> CheckpointInfo:
     """Load a checkpoint's state into ``model`` and return what the checkpoint says about itself.
 
@@ -29,8 +33,9 @@ def restore(
     an uncompiled model) only the model's variables are loaded. Raises
     :class:`~autockpt_keras.state.StateMismatchError` (nothing assigned) if the checkpoint
     belongs to another architecture, ``FileNotFoundError`` if ``source`` has no checkpoint.
+    ``storage_options``: fsspec options for a URL ``source`` (as the callback's).
     """
-    arrays, info = load_checkpoint(source)
+    arrays, info = load_checkpoint(source, storage_options)
     has_optimizer = getattr(model, "optimizer", None) is not None
     groups = GROUPS if include_optimizer and has_optimizer else ("model",)
     ensure_built(model)  # builds a compiled model's optimizer; raises with the fix if unbuilt

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 import lightning.pytorch as pl
 
 from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
 from autockpt_core.persist import CheckpointRecord, location_of
 from autockpt_core.persist.manifest import commit_order
+from autockpt_core.persist.storage import fetched
 
 from . import resume as _resume
 from .distributed import raise_if_any_failed
@@ -32,10 +33,17 @@ CONTINUES_EXACTLY = "continues_exactly"
 """Manifest meta of a final checkpoint: False when Lightning cannot continue from it exactly."""
 
 
-def load_newest(trainer: pl.Trainer, session: CheckpointSession | None, verbose: bool) -> int | None:
+def load_newest(
+    trainer: pl.Trainer,
+    session: CheckpointSession | None,
+    verbose: bool,
+    storage_options: Mapping[str, Any] | None = None,
+) -> int | None:
     """Restore modules and callbacks from the newest valid checkpoint; returns its step (every rank).
 
-    ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts. An
+    ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts. A
+    checkpoint under a URL (object storage) is first fetched to a local temporary file with
+    ``storage_options`` (Lightning would open the URL without them). An
     error on any rank (an unreadable manifest, a locked or unwritable dirpath, a checkpoint
     that does not fit the model) is raised on every rank.
     Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer already trained.
@@ -84,10 +92,11 @@ def load_newest(trainer: pl.Trainer, session: CheckpointSession | None, verbose:
     restore = connector._restore_modules_and_callbacks
     error = None
     try:
-        if "weights_only" in inspect.signature(restore).parameters:
-            restore(path, weights_only=False)
-        else:  # pragma: no cover - older Lightning
-            restore(path)
+        with fetched(path, storage_options) as local:
+            if "weights_only" in inspect.signature(restore).parameters:
+                restore(local, weights_only=False)
+            else:  # pragma: no cover - older Lightning
+                restore(local)
     except RuntimeError as exc:
         error = _not_this_model(exc, path) if "state_dict" in str(exc) else exc
     except Exception as exc:

@@ -176,6 +176,7 @@ class AutoCheckpoint(Callback):
         on_preempt: str = _DEFAULTS["on_preempt"],
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
         persist_mode: str = _DEFAULTS["persist_mode"],
+        storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,
@@ -242,7 +243,7 @@ class AutoCheckpoint(Callback):
         self._reset_fit_state(trainer)
         self._start_preemption(trainer)  # a signal during the resume or the sanity check counts too
         if self.config.resume:
-            self.resumed_from = load_newest(trainer, self._session, self.config.verbose)
+            self.resumed_from = load_newest(trainer, self._session, self.config.verbose, self.config.storage_options)
         self._saved_step = self.resumed_from
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

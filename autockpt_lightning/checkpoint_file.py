@@ -7,6 +7,7 @@ the manifest lists them under ``FRAMEWORK`` with their checksums.
 from __future__ import annotations
 
 import os
+from typing import Any, Mapping
 
 from autockpt_core import find_latest_valid, storage_for
 from autockpt_core.persist import location_of
@@ -15,11 +16,14 @@ FRAMEWORK = "lightning"
 SUFFIX = ".ckpt"
 
 
-def latest_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
-    """Path of the newest Lightning checkpoint in ``dirpath`` whose file matches the manifest.
+def latest_checkpoint(
+    dirpath: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> str | None:
+    """Path (or URL) of the newest Lightning checkpoint in ``dirpath`` whose file matches the
+    manifest (``storage_options``: as the callback's, for a URL ``dirpath``).
 
     Corrupt or torn newer files are skipped with a warning; None when there is none.
     """
-    storage = storage_for(dirpath)
+    storage = storage_for(dirpath, storage_options)
     record = find_latest_valid(storage, framework=FRAMEWORK)
     return None if record is None else location_of(storage, record.name)

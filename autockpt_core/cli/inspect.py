@@ -21,10 +21,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirpath", help="checkpoint directory (or URL)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-verify", action="store_true", help="skip reading files to verify checksums")
+    parser.add_argument(
+        "--storage-options",
+        type=_options,
+        default=None,
+        metavar="JSON",
+        help="fsspec options for a URL, as a JSON object, e.g. "
+        "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}' (or a YAML/TOML file holding the "
+        "callback's config, whose storage_options are used)",
+    )
+
+
+def _options(text: str) -> dict[str, object]:
+    """``--storage-options``: a JSON object, or the path of a config file with storage_options."""
+    if text.lstrip().startswith("{"):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError("--storage-options must be a JSON object")
+        return value
+    from ..config import Config
+
+    options = Config.from_file(text).storage_options
+    if options is None:
+        raise argparse.ArgumentTypeError(f"{text} has no storage_options")
+    return dict(options)
 
 
 def run(args: argparse.Namespace) -> int:
-    storage = storage_for(args.dirpath)
+    storage = storage_for(args.dirpath, args.storage_options)
     if not storage.exists(MANIFEST_NAME):
         raise ValueError(f"no autockpt manifest ({MANIFEST_NAME}) in {storage.location}")
     records = read_manifest(storage)

@@ -13,12 +13,17 @@ as long as they touch different names (the session guarantees that).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
-from typing import IO, Callable, Protocol, cast, runtime_checkable
+from typing import IO, Any, Callable, Iterator, Mapping, Protocol, cast, runtime_checkable
+
+from fsspec.spec import AbstractBufferedFile
 
 from .checksum import ALGORITHM, HashingWriter
 
@@ -153,20 +158,35 @@ class LocalStorage:
         return removed
 
 
+DIRECT_UPLOAD_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+"""fsspec protocols whose objects appear only once their upload completed (S3, GCS, Azure)."""
+
+
 class FsspecStorage:
     """Checkpoints under an fsspec URL (``s3://``, ``gcs://``, ``memory://`` ...).
 
-    Atomicity comes from writing a temporary object and moving it; object stores make a
-    single PUT atomic, and fsspec's ``mv`` is a server-side copy there. fsync is not available
-    through fsspec; durability is whatever the backend guarantees on close.
+    Atomicity: on object stores (:data:`DIRECT_UPLOAD_PROTOCOLS`) an object appears only when
+    its upload completes (one PUT, or a multipart upload's completion), so it is uploaded
+    under its final name: a temporary name would add a server-side copy as long as the upload
+    (measured against moto: 5 s per 256 MiB) and nothing else, since the manifest, written
+    after it, is what makes a checkpoint visible. Elsewhere (sftp, hdfs, ...) bytes go to a
+    temporary name that is moved into place. A write that fails midway is abandoned, not closed (fsspec's files commit what they hold on close, even when
+    leaving a ``with`` block on an error): a multipart upload is aborted, and nothing appears
+    under any name; the temporary object is removed as well if it does. fsync is not
+    available through fsspec; durability is whatever the backend guarantees once an upload
+    has completed. Listings are read afresh (another process may have written since).
+    ``storage_options`` go to ``fsspec.core.url_to_fs`` (``endpoint_url``, credentials ...).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
 
-        self._fs, root = fsspec.core.url_to_fs(url)
+        self._fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         self._root = root.rstrip("/")
         self._url = url
+        protocols = self._fs.protocol if isinstance(self._fs.protocol, (tuple, list)) else (self._fs.protocol,)
+        self.direct_uploads = bool(set(protocols) & DIRECT_UPLOAD_PROTOCOLS)
+        """Objects are uploaded under their final name (see the class docstring)."""
 
     @property
     def location(self) -> str:
@@ -179,28 +199,42 @@ class FsspecStorage:
 
     def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
         self._fs.makedirs(self._root, exist_ok=True)
+        final = self._path(name)
         tmp = self._path(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}")
+        raw = self._fs.open(tmp if not self.direct_uploads else final, "wb")
+        direct = self.direct_uploads and isinstance(raw, AbstractBufferedFile)
+        if self.direct_uploads and not direct:  # not a file we know how to abandon: be safe
+            _abandon(raw)
+            raw = self._fs.open(tmp, "wb")
+        target = final if direct else tmp
         try:
-            with self._fs.open(tmp, "wb") as raw:
-                hashing = HashingWriter(raw)
-                try:
-                    write(hashing)
-                    hashing.flush()
-                finally:
-                    hashing.close()
-            self._fs.mv(tmp, self._path(name))
-        except BaseException:
+            hashing = HashingWriter(raw)
             try:
-                self._fs.rm(tmp)
-            except Exception:
-                pass
+                write(hashing)
+                hashing.flush()
+            except BaseException:
+                _abandon(raw)
+                raise
+            finally:
+                hashing.close()
+            raw.close()  # the upload completes here
+            if not direct:
+                self._fs.mv(tmp, final)
+        except BaseException:
+            if not direct:  # a direct upload left nothing: the old object under ``final`` stays
+                try:
+                    self._fs.rm(target)
+                except Exception:
+                    pass
             raise
         return WriteResult(name, hashing.size, hashing.hexdigest())
 
     def open_read(self, name: str) -> IO[bytes]:
+        self._fs.invalidate_cache(self._root)
         return self._fs.open(self._path(name), "rb")
 
     def exists(self, name: str) -> bool:
+        self._fs.invalidate_cache(self._root)
         return bool(self._fs.exists(self._path(name)))
 
     def delete(self, name: str) -> None:
@@ -214,6 +248,7 @@ class FsspecStorage:
 
     def cleanup_temporaries(self) -> int:
         removed = 0
+        self._fs.invalidate_cache(self._root)
         if not self._fs.exists(self._root):
             return 0
         for p in self._fs.ls(self._root, detail=False):
@@ -272,14 +307,55 @@ def location_of(storage: Storage, name: str) -> str:
     return path if path is not None else f"{storage.location.rstrip('/')}/{name}"
 
 
-def storage_for(location: str | os.PathLike[str]) -> Storage:
-    """LocalStorage for paths and ``file://`` URLs, FsspecStorage for other URLs."""
+def storage_for(location: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Storage:
+    """LocalStorage for paths and ``file://`` URLs, FsspecStorage (with ``storage_options``)
+    for other URLs. Options for a local path are refused (``Config`` says so by field name)."""
     text = os.fspath(location)
+    local = text.startswith("file://") or "://" not in text
+    if local and storage_options:
+        raise ValueError(f"storage_options apply to fsspec URLs, not to the local directory {text!r}")
     if text.startswith("file://"):
         return LocalStorage(text[len("file://") :])
     if "://" in text:
-        return FsspecStorage(text)
+        return FsspecStorage(text, storage_options)
     return LocalStorage(text)
+
+
+@contextlib.contextmanager
+def fetched(location: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """A local path holding the file at ``location`` for the ``with`` block: the path itself
+    for a local file, else a temporary copy downloaded with fsspec and ``storage_options``
+    (for loaders that open URLs without our options, such as Lightning's), removed after."""
+    if location.startswith("file://"):
+        location = location[len("file://") :]
+    if "://" not in location:
+        yield location
+        return
+    import fsspec
+
+    handle, path = tempfile.mkstemp(prefix="autockpt-fetched-", suffix=os.path.splitext(location)[1])
+    try:
+        with os.fdopen(handle, "wb") as out, fsspec.open(location, "rb", **dict(storage_options or {})) as src:
+            shutil.copyfileobj(src, out, 16 * 1024 * 1024)
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _abandon(raw: Any) -> None:
+    """Drop a half-written fsspec file without committing it: abort its upload (``discard``:
+    s3fs aborts the multipart upload) and mark it closed, so that neither we nor its
+    finalizer flush the buffer as a complete object."""
+    discard = getattr(raw, "discard", None)
+    if callable(discard):
+        try:
+            discard()
+        except Exception:
+            pass
+    try:
+        raw.closed = True
+    except (AttributeError, TypeError):
+        pass  # a file whose ``closed`` is read-only (memory://) stores nothing until close()
 
 
 _FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}

@@ -111,3 +111,16 @@ def test_config_snapshot_mode() -> None:
     assert Config(dirpath="x", snapshot_mode="overlap").snapshot_mode == "overlap"
     with pytest.raises(ConfigError, match="snapshot_mode"):
         Config(dirpath="x", snapshot_mode="fast")
+
+
+def test_storage_options_from_keywords_yaml_and_toml(tmp_path) -> None:
+    options = {"endpoint_url": "http://127.0.0.1:9000", "key": "k", "client_kwargs": {"region_name": "eu-west-1"}}
+    y = tmp_path / "c.yaml"
+    y.write_text("autockpt:\n  dirpath: s3://bucket/run\n  storage_options:\n    endpoint_url: http://127.0.0.1:9000\n"
+                 "    key: k\n    client_kwargs: {region_name: eu-west-1}\n")
+    t = tmp_path / "c.toml"
+    t.write_text('[autockpt]\ndirpath = "s3://bucket/run"\n[autockpt.storage_options]\n'
+                 'endpoint_url = "http://127.0.0.1:9000"\nkey = "k"\nclient_kwargs = { region_name = "eu-west-1" }\n')
+    given = Config(dirpath="s3://bucket/run", storage_options=options)
+    assert Config.from_file(y) == Config.from_file(t) == given
+    assert given.storage_options == options and given.storage_options is not options  # a copy

@@ -2,6 +2,7 @@
 
     KERAS_BACKEND=torch python tests/keras/scenario.py first  WORKDIR
     KERAS_BACKEND=torch python tests/keras/scenario.py resume WORKDIR
+    AUTOCKPT_TEST_S3='{"url": ..., "storage_options": ...}' ... scenario.py s3-first|s3-resume WORKDIR
 
 Each phase writes WORKDIR/<phase>.json with what it observed; the test module asserts on it.
 Models are tiny (10 batches per epoch) and named explicitly, so variable paths, and with them
@@ -49,6 +50,7 @@ from autockpt_core import (  # noqa: E402
     read_manifest,
     storage_for,
 )
+from autockpt_core.persist.storage import fetched  # noqa: E402
 from autockpt_keras import AutoCheckpoint, export_weights, latest_checkpoint, restore  # noqa: E402
 from autockpt_keras.callback import LOG_KEYS  # noqa: E402
 from autockpt_keras.state import collect_state, unique_keys  # noqa: E402
@@ -96,7 +98,8 @@ class Probe(keras.callbacks.Callback):
             "batches_done": info.resume.batches_done if info.resume is not None else None,
         }
         if info is not None:  # compare every model and optimizer variable with the file
-            saved = load_file(info.path)
+            with fetched(info.path, self.auto.config.storage_options) as local:  # s3:// too
+                saved = load_file(local)
             mismatched = []
             compared = 0
             for entry in collect_state(self.model, ("model", "optimizer")):
@@ -153,7 +156,7 @@ def train(
     ]
     out["iterations_at_end"] = int(model.optimizer.iterations.numpy())
     out["digest"] = weights_digest(model)
-    out["latest"] = latest_checkpoint(dirpath)
+    out["latest"] = latest_checkpoint(dirpath, storage_options=kwargs.get("storage_options"))
     out["summary"] = auto.summary.line() if auto.summary else None
     out["persist_mode"] = auto.session.persist_mode.mode if auto.session is not None else None
     out["process_writes"] = auto.session.process_writes if auto.session is not None else None
@@ -395,6 +398,13 @@ def main() -> None:
             result["usr1"] = preempt_and_continue(workdir)
             result["rng"] = rng_roundtrip()
             result["inputs"] = input_checks()
+        elif phase in ("s3-first", "s3-resume"):  # tests/keras/test_keras_object_storage.py
+            s3 = json.loads(os.environ["AUTOCKPT_TEST_S3"])
+            epochs = 2 if phase == "s3-first" else 4
+            result["run"] = train(s3["url"], epochs=epochs, seed=SEED, save_on_train_end=False,
+                                  storage_options=s3["storage_options"])
+            if phase == "s3-resume":
+                result["local"] = train(workdir / "uninterrupted", epochs=4, seed=SEED, save_on_train_end=False)
         elif phase == "resume":
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
