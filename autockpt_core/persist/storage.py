@@ -170,9 +170,10 @@ class FsspecStorage:
     under its final name: a temporary name would add a server-side copy as long as the upload
     (measured against moto: 5 s per 256 MiB) and nothing else, since the manifest, written
     after it, is what makes a checkpoint visible. Elsewhere (sftp, hdfs, ...) bytes go to a
-    temporary name that is moved into place. A write that fails midway is abandoned, not closed (fsspec's files commit what they hold on close, even when
-    leaving a ``with`` block on an error): a multipart upload is aborted, and nothing appears
-    under any name; the temporary object is removed as well if it does. fsync is not
+    temporary name that is moved into place. A write that fails midway is abandoned, not
+    closed (fsspec's files commit what they hold on close, even when leaving a ``with`` block
+    on an error): a multipart upload is aborted, and nothing appears under any name; the
+    temporary object is removed as well if it does. fsync is not
     available through fsspec; durability is whatever the backend guarantees once an upload
     has completed. Listings are read afresh (another process may have written since).
     ``storage_options`` go to ``fsspec.core.url_to_fs`` (``endpoint_url``, credentials ...).
@@ -217,7 +218,11 @@ class FsspecStorage:
                 raise
             finally:
                 hashing.close()
-            raw.close()  # the upload completes here
+            try:
+                raw.close()  # the upload completes here
+            except BaseException:
+                _abandon(raw)  # e.g. completing a multipart upload failed: abort it
+                raise
             if not direct:
                 self._fs.mv(tmp, final)
         except BaseException:
