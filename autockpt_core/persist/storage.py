@@ -23,8 +23,6 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Protocol, cast, runtime_checkable
 
-from fsspec.spec import AbstractBufferedFile
-
 from .checksum import ALGORITHM, HashingWriter
 
 TEMP_PREFIX = ".autockpt-tmp-"
@@ -159,7 +157,9 @@ class LocalStorage:
 
 
 DIRECT_UPLOAD_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
-"""fsspec protocols whose objects appear only once their upload completed (S3, GCS, Azure)."""
+"""fsspec protocols whose objects appear only once their upload completed (S3, GCS, Azure).
+Their files (s3fs, gcsfs, adlfs) are fsspec buffered files, which :func:`_abandon` drops
+without committing."""
 
 
 class FsspecStorage:
@@ -202,12 +202,8 @@ class FsspecStorage:
         self._fs.makedirs(self._root, exist_ok=True)
         final = self._path(name)
         tmp = self._path(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}")
-        raw = self._fs.open(tmp if not self.direct_uploads else final, "wb")
-        direct = self.direct_uploads and isinstance(raw, AbstractBufferedFile)
-        if self.direct_uploads and not direct:  # not a file we know how to abandon: be safe
-            _abandon(raw)
-            raw = self._fs.open(tmp, "wb")
-        target = final if direct else tmp
+        direct = self.direct_uploads
+        raw = self._fs.open(final if direct else tmp, "wb")
         try:
             hashing = HashingWriter(raw)
             try:
@@ -228,7 +224,7 @@ class FsspecStorage:
         except BaseException:
             if not direct:  # a direct upload left nothing: the old object under ``final`` stays
                 try:
-                    self._fs.rm(target)
+                    self._fs.rm(tmp)
                 except Exception:
                     pass
             raise
@@ -316,14 +312,19 @@ def storage_for(location: str | os.PathLike[str], storage_options: Mapping[str, 
     """LocalStorage for paths and ``file://`` URLs, FsspecStorage (with ``storage_options``)
     for other URLs. Options for a local path are refused (``Config`` says so by field name)."""
     text = os.fspath(location)
-    local = text.startswith("file://") or "://" not in text
-    if local and storage_options:
-        raise ValueError(f"storage_options apply to fsspec URLs, not to the local directory {text!r}")
-    if text.startswith("file://"):
-        return LocalStorage(text[len("file://") :])
-    if "://" in text:
+    path = _local_path(text)
+    if path is None:
         return FsspecStorage(text, storage_options)
-    return LocalStorage(text)
+    if storage_options:
+        raise ValueError(f"storage_options apply to fsspec URLs, not to the local directory {text!r}")
+    return LocalStorage(path)
+
+
+def _local_path(location: str) -> str | None:
+    """The filesystem path of a plain path or ``file://`` URL; None for other URLs."""
+    if location.startswith("file://"):
+        return location[len("file://") :]
+    return None if "://" in location else location
 
 
 @contextlib.contextmanager
@@ -331,10 +332,9 @@ def fetched(location: str, storage_options: Mapping[str, Any] | None = None) -> 
     """A local path holding the file at ``location`` for the ``with`` block: the path itself
     for a local file, else a temporary copy downloaded with fsspec and ``storage_options``
     (for loaders that open URLs without our options, such as Lightning's), removed after."""
-    if location.startswith("file://"):
-        location = location[len("file://") :]
-    if "://" not in location:
-        yield location
+    path = _local_path(location)
+    if path is not None:
+        yield path
         return
     import fsspec
 
