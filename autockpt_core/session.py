@@ -62,6 +62,7 @@ from .persist.shared_memory import SharedArena, shared_memory_supported
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
 from .policy.checkpoint_cost import CheckpointCost, CostMeter
+from .policy.rank_timing import RankTimes
 from .summary import RunSummary
 
 log = logging.getLogger("autockpt")
@@ -294,6 +295,19 @@ class CheckpointSession:
         decision = self.policy.decide(step, now, self.profiler.estimates(), self.writer.busy, loss=step_loss)
         self.last_decision = decision
         return decision
+
+    def combine_ranks(self, slowest: RankTimes) -> None:
+        """Data parallelism: the slowest rank's figures replace this rank's for the step just ended.
+
+        Call after :meth:`step_end` (same boundary), on the rank that runs the session, with the
+        maximum over ranks of each rank's :class:`~autockpt_core.policy.rank_timing.RankTimes`
+        for that step. Its step time replaces the iteration just recorded; its blocked time,
+        when longer, replaces the newest checkpoint's stall (every rank is held up by a
+        checkpoint: the collectives around it and rank 0's copy) and counts in the overhead.
+        """
+        self.profiler.revise_last_iteration(slowest.step_s)
+        if slowest.blocked_s > 0:
+            self._total_stall += self.profiler.revise_last_stall(slowest.blocked_s)
 
     def save(
         self,

@@ -78,6 +78,7 @@ import logging
 import math
 import os
 import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -100,6 +101,7 @@ from autockpt_core import (
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
 from autockpt_core.persist.persist_process import PortableWrite
+from autockpt_core.policy.rank_timing import StepClock
 from autockpt_torch import WRITE_TREE, TorchSnapshotter, torch_buffer_pool, torch_shared_pool
 from autockpt_torch.staging import optimizer_owned
 
@@ -216,6 +218,7 @@ class AutoCheckpoint(Callback):
         self._trained = False  # an optimizer step ran in this fit
         self._saved_step: int | None = None  # the step of the newest checkpoint (saved or resumed)
         self._last_loss: float | None = None
+        self._step_clock = StepClock()  # this rank's step times, combined over ranks in the agreement
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
@@ -256,6 +259,7 @@ class AutoCheckpoint(Callback):
         self._last_step = trainer.global_step
         if self._session is not None:
             self._session.start(trainer.global_step)
+        self._step_clock.start()
         signum = self._signum()
         if trainer.world_size > 1 and self.config.signals:
             signum = agree(trainer, signum=signum).signum
@@ -286,6 +290,7 @@ class AutoCheckpoint(Callback):
             return
         self._last_step = step
         self._trained = True
+        times = self._step_clock.lap()
         session = self._session
         decision: Decision | None = None
         error: BaseException | None = None
@@ -302,9 +307,11 @@ class AutoCheckpoint(Callback):
         # Decided once, on rank 0, and agreed: ranks never disagree on where a checkpoint goes.
         unclean = trainer.is_global_zero and not _resume.at_clean_boundary(trainer)
         if trainer.world_size > 1:  # rank 0 decides; the others follow; any rank may be signalled or fail
-            agreed = agree(trainer, save=save, unclean=unclean, signum=signum, failed=error is not None)
+            agreed = agree(trainer, save=save, unclean=unclean, signum=signum, failed=error is not None, times=times)
             raise_agreed_failure(trainer, agreed.failed_rank, error)
             save, unclean, signum = agreed.save, agreed.unclean, agreed.signum
+            if session is not None:
+                session.combine_ranks(agreed.slowest)  # the interval suits the slowest rank
         elif error is not None:
             raise error
         deferred_from, deferred_reason = self._deferred_from, self._deferred_reason
@@ -378,7 +385,7 @@ class AutoCheckpoint(Callback):
         """The weights may not change before an overlapping snapshot copy holds them
         (``snapshot_mode`` "overlap"/"device"): wait for it here (a no-op otherwise)."""
         if self._session is not None:
-            self._session.before_update()
+            self._step_clock.add_blocked(self._session.before_update())
 
     def _new_session(self) -> CheckpointSession:
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)
@@ -426,6 +433,7 @@ class AutoCheckpoint(Callback):
         A failure on any rank (allocating the buffers, a previous persist's error) is raised on
         every rank.
         """
+        start = time.perf_counter()
         # read by state_dict() inside dump_checkpoint
         self._rng_for_save = _resume.gather_rng(trainer)
         error: BaseException | None = None
@@ -437,6 +445,9 @@ class AutoCheckpoint(Callback):
             self._rng_for_save = None
         raise_if_any_failed(trainer, error)
         self._saved_step = step
+        # this rank's whole time in the checkpoint, its collectives included (the profiler's stall
+        # on rank 0 is the copy alone): carried in the next agreement, the slowest rank's counts
+        self._step_clock.add_blocked(time.perf_counter() - start)
 
     def _signum(self) -> int | None:
         return self._preemption.signum if self._preemption is not None else None

@@ -80,6 +80,18 @@ def loader_problems(trainer: pl.Trainer) -> list[str]:
         name = f"train dataloader {index} ({type(loader).__name__})"
         sampler = resumable_sampler(loader)
         if is_stateful(loader):
+            wrapped = random_sampler_wrapped_for_ranks(loader)
+            if wrapped is not None and trainer.world_size > 1:
+                problems.append(
+                    f"{name} shuffles with a {wrapped}, which Lightning wraps in a DistributedSamplerWrapper "
+                    f"for {trainer.world_size} processes: each rank draws the epoch's order from its global "
+                    "generator when the epoch's iterator is created, and after a mid-epoch resume that "
+                    "happens before the generators are restored, so the rest of the epoch comes in another "
+                    "order. Fix: pass sampler=torchdata.stateful_dataloader.sampler.StatefulDistributedSampler("
+                    "dataset, shuffle=True, seed=0) instead of shuffle=True (a seeded order per epoch, whose "
+                    "position the loader saves)"
+                )
+                continue
             if unsized and _prefetches(trainer) and not can_carry_prefetched(trainer):
                 problems.append(
                     f"{name} has no length: Lightning fetches one batch ahead and saves the loader's "
@@ -108,6 +120,20 @@ def loader_problems(trainer: pl.Trainer) -> list[str]:
                 "sampler=autockpt_lightning.ResumableSampler(dataset, shuffle=True, seed=0) to the DataLoader"
             )
     return problems
+
+
+def random_sampler_wrapped_for_ranks(loader: Any) -> str | None:
+    """The name of the random sampler Lightning wrapped in a ``DistributedSamplerWrapper`` in
+    this loader (what DDP makes of ``StatefulDataLoader(shuffle=True)``), or None."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(candidate, DistributedSamplerWrapper):
+            inner = getattr(candidate.dataset, "_sampler", None)
+            # torch's RandomSampler and torchdata's (not a subclass of torch's) draw a new order per iteration
+            if any(cls.__name__ == "RandomSampler" for cls in type(inner).__mro__):
+                return f"{type(inner).__module__}.{type(inner).__name__}"
+    return None
 
 
 def _prefetches(trainer: pl.Trainer) -> bool:

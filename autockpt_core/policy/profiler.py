@@ -107,6 +107,7 @@ class Profiler:
         self._window = window
         self._since_clean = 0  # loaded iterations recorded since the last clean one
         self._refreshing = False
+        self._last_kind: str | None = None  # where the newest iteration went: "clean", "loaded" or None
 
     def record_iteration(self, seconds: float, loaded: bool = False) -> None:
         """One iteration's duration, its own checkpoint stall already subtracted.
@@ -115,8 +116,10 @@ class Profiler:
         """
         with self._lock:
             self._iterations += 1
+            self._last_kind = None
             if self._iterations <= self._warmup or seconds < 0:
                 return
+            self._last_kind = "loaded" if loaded else "clean"
             if loaded:
                 self._loaded_iter.append(seconds)
                 self._since_clean += 1
@@ -134,6 +137,26 @@ class Profiler:
                 self._since_clean = 0
                 if len(self._iter) >= REFRESH_SAMPLES:
                     self._refreshing = False
+
+    def revise_last_iteration(self, seconds: float) -> None:
+        """Replace the newest iteration's duration (the job's, once every rank's is known).
+
+        A no-op when that iteration was not kept (warm-up, negative).
+        """
+        with self._lock:
+            if self._last_kind == "clean" and self._iter and self._recent:
+                self._iter[-1] = self._recent[-1] = max(0.0, seconds)
+            elif self._last_kind == "loaded" and self._loaded_iter:
+                self._loaded_iter[-1] = max(0.0, seconds)
+
+    def revise_last_stall(self, seconds: float) -> float:
+        """Raise the newest stall to ``seconds`` if longer (the slowest rank's); returns the increase."""
+        with self._lock:
+            if not self._stall or seconds <= self._stall[-1]:
+                return 0.0
+            increase = seconds - self._stall[-1]
+            self._stall[-1] = seconds
+            return increase
 
     def record_stall(self, seconds: float, nbytes: int) -> None:
         """Time the training thread was blocked by one checkpoint, and its size."""

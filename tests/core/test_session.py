@@ -132,3 +132,53 @@ def test_fresh_run_never_overwrites_or_retires_an_older_runs_checkpoints(tmp_pat
     run(again, clock, {"w": np.zeros(3)}, 10)
     again.finish()
     assert again.records()[-1].name == "ckpt-step000000010-v2.st"  # no overwrite of step 10's file
+
+
+@pytest.mark.parametrize(
+    "rank1_step_s, rank1_blocked_s, interval",
+    [
+        (None, None, 5),  # one rank: copy 10 ms, step 100 ms, budget 2% -> ceil(0.01 / 0.002)
+        (0.1, 0.01, 5),  # a second rank as fast as rank 0 changes nothing
+        (0.3, 0.01, 2),  # a 3x slower rank (rank 0 waits for it): ceil(0.01 / (0.02 * 0.3))
+        (0.1, 0.05, 25),  # every rank held up 50 ms by a checkpoint: ceil(0.05 / 0.002)
+        (0.3, 0.05, 9),  # both: ceil(0.05 / (0.02 * 0.3))
+    ],
+)
+def test_combined_ranks_set_the_interval_for_the_slowest_rank(
+    tmp_path, rank1_step_s: float | None, rank1_blocked_s: float | None, interval: int
+) -> None:
+    """Rank 0 computes 100 ms steps and copies 10 ms; it waits for rank 1 (at the gradient
+    all-reduce, and after its copy at the checkpoint's last collective), so its clock runs at
+    the slower pace. Each rank's StepClock figures reach the session through combine_ranks (the
+    agreement's maxima); the blocked time one step after the checkpoint, as in the adapter.
+    Without them rank 0's stall reads 10 ms, its first budget interval is 5 or 2 steps, and
+    only the adaptive re-tuning (from wall time) later drifts to 28 or 10."""
+    from autockpt_core.policy.rank_timing import RankTimes
+
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), overhead_budget=0.02, warmup_steps=3, async_persist=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".safetensors", clock=clock)
+    state = {"w": np.zeros((4, 4), np.float32)}
+    step_s = max(0.1, rank1_step_s or 0.0)
+    blocked_s = max(0.01, rank1_blocked_s or 0.0)
+    session.start(0)
+    saved_last_step = False
+    decisions = []
+    for step in range(1, 151):
+        clock.t += step_s
+        decision = session.step_end(step)
+        if rank1_step_s is not None:
+            blocked = saved_last_step
+            own = RankTimes(step_s, blocked_s if blocked else 0.0)
+            rank1 = RankTimes(rank1_step_s, rank1_blocked_s if blocked else 0.0)  # type: ignore[arg-type]
+            session.combine_ranks(RankTimes.slowest([own, rank1]))
+        saved_last_step = decision.save
+        if decision.save:
+            session.save(step, 0, make_snapshot(state, clock, 0.01))
+            clock.t += blocked_s - 0.01  # rank 0 waits for the slower rank's part of the checkpoint
+            decisions.append(decision)
+    assert decisions[-1].interval.rule.endswith("budget") and decisions[-1].interval.steps == interval
+    assert session.estimates().stall_s == pytest.approx(blocked_s)
+    assert session.estimates().iter_time_s == pytest.approx(step_s)
+    summary = session.finish()
+    assert summary.mean_stall_s == pytest.approx(blocked_s, rel=0.05)

@@ -21,8 +21,11 @@ Phases, and where the script reports them:
 ``retention``  ``FaultStorage``: the manifest dropped an old record, its file not yet deleted
 =============  ==========================================================================
 
-``nth`` counts hits of that phase in this process (1 = first). Actions: ``kill`` (SIGKILL
-itself: nothing runs after it, not even ``finally`` blocks or the writer thread),
+``nth`` counts hits of that phase in this process (1 = first); ``rank`` (optional) limits the
+fault to the process of that global rank (``RANK``/``LOCAL_RANK`` in its environment; 0 when
+unset). Actions: ``kill`` (SIGKILL itself: nothing runs after it, not even ``finally`` blocks
+or the writer thread; with :data:`KILL_JOB_ENV` set, SIGKILL of its whole process group, every
+rank and persist process at once, as torchrun tears a job down),
 ``sigterm`` (sends itself SIGTERM and goes on: the preemption path), ``enospc`` / ``eacces``
 (the write raises ``OSError``; persist phase only).
 
@@ -49,6 +52,7 @@ from autockpt_core import MANIFEST_NAME, LocalStorage, WriteResult
 
 PLAN_ENV = "AUTOCKPT_FAULT_PLAN"
 LOG_ENV = "AUTOCKPT_FAULT_LOG"
+KILL_JOB_ENV = "AUTOCKPT_FAULT_KILL_JOB"  # "1": a kill takes the whole process group (all ranks)
 PHASES = ("step", "val", "sanity", "snapshot", "persist", "commit", "retention")
 ACTIONS = ("kill", "sigterm", "enospc", "eacces")
 
@@ -80,6 +84,8 @@ class FaultPlan:
         """Count a hit of ``phase``; True when the plan's fault happens at this hit."""
         if not self.plan or self.done or self.plan["phase"] != phase:
             return False
+        if "rank" in self.plan and int(self.plan["rank"]) != process_rank():
+            return False
         self.counts[phase] = self.counts.get(phase, 0) + 1
         if "at" in self.plan:
             return step is not None and step >= int(self.plan["at"])
@@ -94,9 +100,11 @@ class FaultPlan:
         if not self.due(phase, step):
             return
         self.done = True
-        self.log(phase=phase, step=step, action=self.action, **info)
+        self.log(phase=phase, step=step, action=self.action, rank=process_rank(), **info)
         training = target if target is not None else os.getpid()
         if self.action == "kill":
+            if os.environ.get(KILL_JOB_ENV) == "1":
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # every rank of the job, this one included
             os.kill(training, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         elif self.action == "sigterm":
@@ -115,6 +123,11 @@ class FaultPlan:
                 f.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+
+
+def process_rank() -> int:
+    """This process's global rank (torchrun and Lightning set ``RANK`` or ``LOCAL_RANK``; 0 when unset)."""
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
 class _HalfWayFile:

@@ -45,7 +45,7 @@ import numpy as np
 
 from autockpt_core import read_manifest, storage_for
 
-from .child import LOG_ENV, PLAN_ENV
+from .child import KILL_JOB_ENV, LOG_ENV, PLAN_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,6 +100,7 @@ def script_env(plan: Plan | None, log_path: Path | None, extra: dict[str, str] |
     env.pop(PLAN_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    env[KILL_JOB_ENV] = "1"  # a planned kill takes the child's whole process group (every rank)
     if plan is not None:
         env[PLAN_ENV] = json.dumps(plan)
     if log_path is not None:
@@ -133,8 +134,15 @@ def run_once(
     if log_path.exists():
         log_path.unlink()
     args = [*command, str(dirpath), str(out), *extra_args]
+    # Its own process group: the ranks and persist processes it starts are killed with it.
     proc = subprocess.Popen(
-        args, cwd=REPO, env=script_env(plan, log_path, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        args,
+        cwd=REPO,
+        env=script_env(plan, log_path, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     killed = False
     try:
@@ -142,19 +150,29 @@ def run_once(
             try:
                 output, _ = proc.communicate(timeout=kill_after)
             except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
+                kill_job(proc.pid)  # every process of the job at once, as torchrun tears it down
                 killed = True
                 output, _ = proc.communicate(timeout=timeout)
         else:
             output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        kill_job(proc.pid)
         output, _ = proc.communicate()
         raise AssertionError(f"{args} did not finish within {timeout} s:\n{output[-3000:]}") from None
+    finally:
+        kill_job(proc.pid)  # a rank left behind by one that died must not outlive the attempt
     events = []
     if log_path.exists():
         events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     return Attempt(plan, proc.returncode, events, output, newest_step(dirpath), killed and proc.returncode == -9)
+
+
+def kill_job(group: int) -> None:
+    """SIGKILL every process left in the process group ``group`` (none left: nothing to do)."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def run_until_done(

@@ -10,11 +10,14 @@ Rank 0 is this process; Lightning starts rank 1 as a child process running the s
 - ``persist-error``: rank 0's checkpoint writes fail (ENOSPC) from the second checkpoint on;
 - ``snapshot-oom``: rank 0's second snapshot raises ``MemoryError`` (the other rank is in the
   same checkpoint's collectives);
-- ``bad-manifest``: an unreadable manifest in the checkpoint directory (only rank 0 reads it).
+- ``bad-manifest``: an unreadable manifest in the checkpoint directory (only rank 0 reads it);
+- ``slow-rank1-save``: rank 1 takes 0.3 s longer inside every checkpoint (in
+  ``on_save_checkpoint``), so every rank waits for it at the checkpoint's last collective.
 
 Each rank writes one line ``RESULT rank=R code=C stopped=S saved=[...] error=...`` as it ends
 (C: the exit status it ends with; S: the step it stopped at after a signal; saved: rank 0's
-checkpoints) to ``ROOT/result-rank<R>.txt`` and exits with that status.
+checkpoints; stall: rank 0's profiler estimate of the checkpoint stall; copies: rank 0's own
+blocked time in each checkpoint's copy) to ``ROOT/result-rank<R>.txt`` and exits with that status.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import errno
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import torch
@@ -43,6 +47,12 @@ class SignalOnRank1(TinyModel):
         return super().training_step(batch, batch_idx)
 
 
+class SlowSaveOnRank1(TinyModel):
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.trainer.global_rank == 1:
+            time.sleep(0.3)
+
+
 class ArmAfterFirstCheckpoint(FailingStorage):
     def write_atomic(self, name: str, write: Any) -> Any:
         result = super().write_atomic(name, write)
@@ -58,6 +68,8 @@ def main() -> int:
     if fault.startswith("sigterm-rank1@"):
         SignalOnRank1.AT = int(fault.split("@")[1])
         model = SignalOnRank1()
+    elif fault == "slow-rank1-save":
+        model = SlowSaveOnRank1()
     elif fault == "snapshot-oom":
         import autockpt_lightning.callback as callback_module
 
@@ -88,7 +100,12 @@ def main() -> int:
         code, error = 1, f"{type(exc).__name__}: {exc}"
     stopped = cb.preempted.step if cb.preempted is not None else None
     saved = [e.step for e in cb.events]
-    line = f"RESULT rank={trainer.global_rank} code={code} stopped={stopped} saved={saved} error={error}"
+    stall = cb.session.estimates().stall_s if cb.session is not None else None
+    copies = [round(e.stall_s, 4) for e in cb.events]
+    line = (
+        f"RESULT rank={trainer.global_rank} code={code} stopped={stopped} saved={saved} "
+        f"stall={stall} copies={copies} error={error}"
+    )
     with open(os.path.join(root, f"result-rank{trainer.global_rank}.txt"), "w") as f:
         f.write(line)  # not on stdout, where the ranks' lines interleave
     return code

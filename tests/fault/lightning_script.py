@@ -1,7 +1,7 @@
 """Lightning training script for the fault harness (contract: see harness.py).
 
 ``python -m tests.fault.lightning_script DIRPATH OUT [--baseline] [--loader stateful|sampler|sampler-workers|iterable]
-[--epochs N] [--every K] [--val] [--async-persist 0|1] [--persist-mode thread|process]``
+[--epochs N] [--every K] [--val] [--async-persist 0|1] [--persist-mode thread|process] [--devices N]``
 
 A small MLP with dropout, Adam and a per-step StepLR, on shuffled synthetic data: 96 samples,
 batch 8, so 12 steps per epoch; a shuffled validation loader runs after each epoch (with
@@ -10,6 +10,11 @@ phase), keeps 2, and resumes automatically. Faults come from ``tests.fault.child
 ``--persist-mode process`` the checkpoint files are written by autockpt's persist process
 (the script waits for it to be ready before training, so every checkpoint is) and the
 persist phase is reported there (``tests.fault.child.write_tree_with_faults``).
+
+``--devices 2`` trains with DDP on 2 CPU processes (gloo): Lightning starts rank 1 running the
+same command; each rank draws its own dropout masks and reads its own shard of every epoch
+(Lightning's ``DistributedSampler`` inside the ``StatefulDataLoader``); only rank 0 writes
+``OUT``. The harness runs the script in its own process group, so a kill takes every rank.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler  # noqa: E402
 
 from autockpt_lightning import AutoCheckpoint, ResumableSampler  # noqa: E402
 import autockpt_lightning.callback as callback_module  # noqa: E402
@@ -95,6 +101,9 @@ class Data(pl.LightningDataModule):
     def train_dataloader(self) -> Any:
         data = TensorDataset(self.x, self.y)
         if self.loader == "stateful":
+            if self.trainer is not None and self.trainer.world_size > 1:
+                # Every rank's shard in a seeded order whose position is saved (see loader_problems)
+                return StatefulDataLoader(data, batch_size=8, sampler=StatefulDistributedSampler(data, seed=7))
             return StatefulDataLoader(data, batch_size=8, shuffle=True)
         if self.loader in ("sampler", "sampler-workers"):
             workers = 2 if self.loader == "sampler-workers" else 0  # workers pull indices ahead of training
@@ -123,6 +132,7 @@ def train(
     ckpt_path: str | None = None,
     sanity: int = 0,
     persist_mode: str = "thread",
+    devices: int = 1,
     **callback_kwargs: Any,
 ) -> tuple[Net, pl.Trainer, AutoCheckpoint | None]:
     """Seed, build and fit; returns the model, the trainer and the callback (None for baseline)."""
@@ -143,7 +153,8 @@ def train(
     trainer = pl.Trainer(
         max_epochs=epochs,
         accelerator="cpu",
-        devices=1,
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -184,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--sanity", type=int, default=0, help="validation batches of the sanity check")
     parser.add_argument("--persist-mode", default="thread", choices=["thread", "process"])
+    parser.add_argument("--devices", type=int, default=1, help="2 or more: DDP on CPU processes (gloo)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*set_vital.*")
-    model, _, _ = train(
+    model, trainer, _ = train(
         args.dirpath,
         baseline=args.baseline,
         loader=args.loader,
@@ -197,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         async_persist=bool(args.async_persist),
         sanity=args.sanity,
         persist_mode=args.persist_mode,
+        devices=args.devices,
         root=os.path.dirname(os.path.abspath(args.out)),
     )
+    if trainer.global_rank != 0:
+        return 0
     tmp = args.out + ".tmp.npz"
     np.savez(tmp, **weights_of(model))
     os.replace(tmp, args.out)

@@ -67,3 +67,16 @@ def test_an_error_on_rank_0_only_stops_every_rank_with_its_message(
     assert rank1 in results[1], results
     if manifest_steps is not None:
         assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == manifest_steps
+
+
+def test_rank_0_profiles_the_checkpoint_stall_of_the_slowest_rank(tmp_path: Path) -> None:
+    """Rank 1 spends 0.3 s more in every checkpoint; rank 0's own copy is milliseconds. The
+    agreement carries each rank's blocked time, so rank 0's profiler (which sets the interval)
+    counts the 0.3 s every rank waits, not its own copy alone."""
+    proc, results = run_ddp(tmp_path, 30, "slow-rank1-save")
+    report = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and sorted(results) == [0, 1], report
+    assert "saved=[5, 10, 15, 20, 25, 30]" in results[0], results
+    stall = float(results[0].split("stall=")[1].split()[0])
+    assert stall >= 0.3, results  # the sleep is a lower bound of the wait; no upper bound is asserted
+    assert "stall=None" in results[1], results  # only rank 0 runs the session

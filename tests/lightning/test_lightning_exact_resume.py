@@ -379,3 +379,27 @@ def test_sigint_when_configured_is_a_preemption_not_a_keyboard_interrupt(tmp_pat
     assert info.value.code == 130  # 128 + SIGINT, after the checkpoint; no KeyboardInterrupt mid-step
     newest = read_manifest(storage_for(ckpts))[-1]
     assert newest.step == 5 and newest.meta["reason"] == "preempted by SIGINT"
+
+
+def test_a_shuffling_loader_that_ddp_wraps_is_named_and_a_distributed_sampler_is_not() -> None:
+    """What Lightning's data connector does to train loaders under DDP (``_update_dataloader``
+    with a ``DistributedSamplerWrapper`` around the loader's own sampler, for rank 0 of 2): the
+    wrapped random sampler draws each epoch's order when the iterator is created, so the check
+    names it; torchdata's StatefulDistributedSampler is kept as it is and passes."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from lightning.pytorch.utilities.data import _update_dataloader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    from autockpt_lightning.resume import random_sampler_wrapped_for_ranks
+
+    data = torch.utils.data.TensorDataset(torch.arange(32.0))
+    shuffled = StatefulDataLoader(data, batch_size=4, shuffle=True)  # torchdata's RandomSampler: wrapped
+    wrapper = DistributedSamplerWrapper(shuffled.sampler, num_replicas=2, rank=0, shuffle=True)
+    sharded = _update_dataloader(shuffled, wrapper)
+    assert random_sampler_wrapped_for_ranks(sharded) == "torchdata.stateful_dataloader.sampler.RandomSampler"
+    ordered = StatefulDataLoader(data, batch_size=4, shuffle=False)
+    wrapper = DistributedSamplerWrapper(ordered.sampler, num_replicas=2, rank=0, shuffle=False)
+    assert random_sampler_wrapped_for_ranks(_update_dataloader(ordered, wrapper)) is None
+    seeded = StatefulDataLoader(data, batch_size=4, sampler=StatefulDistributedSampler(data, num_replicas=2, rank=0))
+    assert random_sampler_wrapped_for_ranks(seeded) is None
