@@ -12,6 +12,9 @@ Adapters only translate framework hooks into these calls (training thread, in th
    session that does not resume starts a new run.
 2. ``start(step)`` when training starts (``step`` = global step after any restore).
 3. ``step_end(step, loss=...)`` after every optimizer step; it returns a :class:`Decision`.
+3b. ``combine_ranks(slowest)`` right after it, under data parallelism (the session runs on
+   rank 0): the slowest rank's step and checkpoint-blocked times, agreed over the ranks
+   (``autockpt_core.policy.rank_timing``), replace rank 0's own in the profiler.
 4. ``save(step, epoch, snapshot)`` when the decision says so (or at any time, e.g. on
    preemption): ``snapshot(buffers)`` copies the live state into the session's reusable
    buffers and returns a :class:`Snapshot`; the session measures the stall and hands the
