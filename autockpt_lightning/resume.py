@@ -26,6 +26,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
 from autockpt_torch import ResumableSampler
 from autockpt_torch import rng as torch_rng
@@ -48,12 +49,14 @@ def is_stateful(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
+def samplers_of(loader: Any) -> tuple[Any, Any]:
+    """Where a loader's sampler can be: its ``sampler``, and its ``batch_sampler``'s (None if absent)."""
+    return getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+
+
 def resumable_sampler(loader: Any) -> ResumableSampler | None:
     """The loader's ResumableSampler (as ``sampler`` or inside its ``batch_sampler``), if any."""
-    for candidate in (
-        getattr(loader, "sampler", None),
-        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
-    ):
+    for candidate in samplers_of(loader):
         if isinstance(candidate, ResumableSampler):
             return candidate
     return None
@@ -80,8 +83,8 @@ def loader_problems(trainer: pl.Trainer) -> list[str]:
         name = f"train dataloader {index} ({type(loader).__name__})"
         sampler = resumable_sampler(loader)
         if is_stateful(loader):
-            wrapped = random_sampler_wrapped_for_ranks(loader)
-            if wrapped is not None and trainer.world_size > 1:
+            wrapped = random_sampler_wrapped_for_ranks(loader) if trainer.world_size > 1 else None
+            if wrapped is not None:
                 problems.append(
                     f"{name} shuffles with a {wrapped}, which Lightning wraps in a DistributedSamplerWrapper "
                     f"for {trainer.world_size} processes: each rank draws the epoch's order from its global "
@@ -125,9 +128,7 @@ def loader_problems(trainer: pl.Trainer) -> list[str]:
 def random_sampler_wrapped_for_ranks(loader: Any) -> str | None:
     """The name of the random sampler Lightning wrapped in a ``DistributedSamplerWrapper`` in
     this loader (what DDP makes of ``StatefulDataLoader(shuffle=True)``), or None."""
-    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-
-    for candidate in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    for candidate in samplers_of(loader):
         if isinstance(candidate, DistributedSamplerWrapper):
             inner = getattr(candidate.dataset, "_sampler", None)
             # torch's RandomSampler and torchdata's (not a subclass of torch's) draw a new order per iteration

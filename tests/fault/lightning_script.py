@@ -13,7 +13,7 @@ persist phase is reported there (``tests.fault.child.write_tree_with_faults``).
 
 ``--devices 2`` trains with DDP on 2 CPU processes (gloo): Lightning starts rank 1 running the
 same command; each rank draws its own dropout masks and reads its own shard of every epoch
-(Lightning's ``DistributedSampler`` inside the ``StatefulDataLoader``); only rank 0 writes
+(torchdata's ``StatefulDistributedSampler`` inside the ``StatefulDataLoader``); only rank 0 writes
 ``OUT``. The harness runs the script in its own process group, so a kill takes every rank.
 """
 
