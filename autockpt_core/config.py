@@ -76,10 +76,16 @@ class Config:
             snapshot from shared memory, so the persist never holds the training's GIL; local
             directories on Linux) or "auto" ("process" where possible unless CUDA is available,
             whose buffers are pinned instead; the choice is logged). See ``docs/benchmarks.md``.
-        storage_options: Options for the fsspec filesystem of a URL ``dirpath`` (``s3://``,
-            ``gs://``, ...), passed to ``fsspec.core.url_to_fs``: e.g. ``endpoint_url``,
-            ``key``/``secret``, ``client_kwargs``. Only with a URL. See
+        storage_options: Options for the fsspec filesystem of a URL ``dirpath`` or ``mirror``
+            (``s3://``, ``gs://``, ...), passed to ``fsspec.core.url_to_fs``: e.g.
+            ``endpoint_url``, ``key``/``secret``, ``client_kwargs``. Only with a URL. See
             ``docs/reliability.md``, "Object storage".
+        mirror: A second tier (``s3://bucket/run``, any fsspec URL, or a directory) that every
+            checkpoint committed in ``dirpath`` is copied to in the background, newest first;
+            ``dirpath`` is then the fast, node-local tier. A resume takes the newest valid
+            checkpoint of either tier (a fresh node has only the mirror's). See
+            ``docs/reliability.md``, "A local fast tier with a mirror".
+        mirror_keep_last: How many checkpoints the mirror keeps (default: ``keep_last``).
     """
 
     dirpath: str
@@ -102,11 +108,14 @@ class Config:
     snapshot_mode: str = "auto"
     persist_mode: str = "auto"
     storage_options: Mapping[str, Any] | None = None
+    mirror: str | None = None
+    mirror_keep_last: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "dirpath", _check_dirpath(self.dirpath))
-        set_(self, "storage_options", _check_storage_options(self.storage_options, self.dirpath))
+        set_(self, "mirror", _check_mirror(self.mirror, self.dirpath))
+        set_(self, "storage_options", _check_storage_options(self.storage_options, self.dirpath, self.mirror))
         set_(self, "overhead_budget", _check_budget(self.overhead_budget))
         set_(self, "mtbf", _check_optional_duration("mtbf", self.mtbf, example="'6h'"))
         set_(self, "every_n_steps", _check_optional_positive_int("every_n_steps", self.every_n_steps))
@@ -135,6 +144,12 @@ class Config:
                 "or drop min_interval and max_interval to checkpoint every_n_steps",
             )
         set_(self, "keep_last", _check_int("keep_last", self.keep_last, minimum=1))
+        set_(self, "mirror_keep_last", _check_optional_positive_int("mirror_keep_last", self.mirror_keep_last))
+        if self.mirror_keep_last is not None and self.mirror is None:
+            raise ConfigError(
+                "mirror_keep_last", self.mirror_keep_last, "is the mirror's retention, but no mirror is set",
+                "set mirror='s3://bucket/run' (or another URL or directory), or drop mirror_keep_last",
+            )
         set_(self, "warmup_steps", _check_int("warmup_steps", self.warmup_steps, minimum=0))
         set_(self, "profile_window", _check_int("profile_window", self.profile_window, minimum=3))
         for name in ("async_persist", "resume", "adaptive", "verbose"):
@@ -228,8 +243,38 @@ class Config:
 # -- field checks ---------------------------------------------------------------------------
 
 
-def _check_storage_options(value: Any, dirpath: str) -> dict[str, Any] | None:
-    """A copy of ``storage_options`` (None or a mapping with string keys), refused for a local dirpath."""
+def _is_url(location: str | None) -> bool:
+    return location is not None and "://" in location and not location.startswith("file://")
+
+
+def _check_mirror(value: Any, dirpath: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            "mirror", value, "must be a non-empty URL or directory", "pass e.g. mirror='s3://bucket/run', or None"
+        )
+    if _same_location(value, dirpath):
+        raise ConfigError(
+            "mirror", value, f"is dirpath={dirpath!r} itself",
+            "point mirror to a second location (e.g. object storage), or drop it",
+        )
+    return value
+
+
+def _same_location(a: str, b: str) -> bool:
+    def norm(text: str) -> str:
+        text = text[len("file://") :] if text.startswith("file://") else text
+        return text.rstrip("/") if _is_url(text) else os.path.abspath(os.path.expanduser(text))
+
+    return norm(a) == norm(b)
+
+
+def _check_storage_options(value: Any, dirpath: str, mirror: str | None) -> dict[str, Any] | None:
+    """A copy of ``storage_options`` (None or a mapping with string keys), refused when neither
+    ``dirpath`` nor ``mirror`` is a URL."""
     if value is None:
         return None
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
@@ -239,12 +284,13 @@ def _check_storage_options(value: Any, dirpath: str) -> dict[str, Any] | None:
             "is not a mapping of option names to values",
             "pass a dict such as {'endpoint_url': 'http://127.0.0.1:9000', 'key': ..., 'secret': ...}",
         )
-    if "://" not in dirpath or dirpath.startswith("file://"):
+    if not _is_url(dirpath) and not _is_url(mirror):
+        where = f"dirpath={dirpath!r}" + (f" and mirror={mirror!r} are local directories" if mirror else " is a local directory")
         raise ConfigError(
             "storage_options",
             dict(value),
-            f"applies to fsspec URLs, but dirpath={dirpath!r} is a local directory",
-            "use a URL such as dirpath='s3://bucket/run', or drop storage_options",
+            f"applies to fsspec URLs, but {where}",
+            "use a URL such as dirpath='s3://bucket/run' or mirror='s3://bucket/run', or drop storage_options",
         )
     return dict(value)
 

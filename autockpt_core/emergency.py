@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 
 from .persist import location_of
+from .persist.tiers import same_checkpoint
 from .preemption import PreemptionRecord, exit_code
 from .session import CheckpointSession
 
@@ -22,7 +23,8 @@ __all__ = ["commit_emergency"]
 def commit_emergency(
     session: CheckpointSession | None, step: int, signum: int, *, on_preempt: str, verbose: bool
 ) -> PreemptionRecord:
-    """Block until the newest checkpoint is durable and listed; print what happens next.
+    """Block until the newest checkpoint is durable and listed (and uploaded to the mirror, if
+    any); print what happens next.
 
     Raises the persist's :class:`~autockpt_core.CheckpointWriteError` if it failed (the
     previous checkpoint then stays the newest): a preemption never reports a checkpoint that
@@ -37,5 +39,9 @@ def commit_emergency(
         if verbose:
             then = f"exiting with status {exit_code(signum)}" if on_preempt == "exit" else "training continues"
             what = f"checkpoint of step {step} committed ({path})" if path else f"nothing trained since step {step}"
+            mirror = session.mirror
+            if record is not None and mirror is not None and mirror.last_record is not None:
+                if same_checkpoint(mirror.last_record, record):
+                    what += f", and in the mirror {mirror.location}"
             print(f"autockpt: {name} received; {what}; {then}", flush=True)
     return PreemptionRecord(step=step, signal=name, path=path)

@@ -6,8 +6,11 @@ Adapters only translate framework hooks into these calls (training thread, in th
    with a real write (a ``ConfigError`` naming it, the OS error and the fix, at train start
    rather than at the first checkpoint), takes the directory lock (a second session on the
    same local ``dirpath``, in any process, gets ``DirectoryLockedError`` naming the holder)
-   and, when resuming, removes what interrupted writes left there (only under the lock).
+   and, when resuming, removes what interrupted writes left there (only under the lock). With
+   ``config.mirror`` it probes the mirror too (a ``ConfigError`` naming ``mirror``).
 1. ``resume_record()`` once before training: the newest valid checkpoint to restore, or None.
+   With a mirror, the newest of either tier (``autockpt_core.persist.tiers``); one found only
+   in the mirror is first copied into ``dirpath``, so the record returned is always local.
    Resuming continues that checkpoint's run (retention counts per framework and run); a
    session that does not resume starts a new run.
 2. ``start(step)`` when training starts (``step`` = global step after any restore).
@@ -30,7 +33,12 @@ Adapters only translate framework hooks into these calls (training thread, in th
 
 Preemption (``autockpt_core.preemption``): at the step boundary after a signal, ``save(...)``
 (unless ``saved_step`` already is this step), then ``flush()``, which returns once that
-checkpoint is committed (durable and listed in the manifest), then exit or continue.
+checkpoint is committed (durable and listed in the manifest; with a mirror, uploaded and
+listed there too), then exit or continue.
+
+Mirror (``config.mirror``, :class:`~autockpt_core.persist.mirror.Mirror`): every checkpoint
+the writer commits is handed to the mirror thread, which uploads the newest one at a time;
+its errors surface like the writer's, and ``finish()`` waits for the last upload.
 
 Background errors surface as :class:`CheckpointWriteError` from ``step_end``, ``save`` or
 ``finish``. The clock is injected (``clock``), so the whole engine runs in tests without a
@@ -55,13 +63,15 @@ from .persist import (
     Storage,
     find_latest_valid,
     read_manifest,
-    storage_for,
 )
-from .persist.directory import open_directory
+from .persist.directory import open_directory, probe_mirror
+from .persist.mirror import Mirror
 from .persist.names import checkpoint_name
 from .persist.persist_mode import choose_persist_mode, process_can_write
 from .persist.persist_process import PersistProcess, PortableWrite
 from .persist.shared_memory import SharedArena, shared_memory_supported
+from .persist.storage import configured_storage
+from .persist.tiers import committed_before, hydrate, newest_of_tiers
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
 from .policy.checkpoint_cost import CheckpointCost, CostMeter
@@ -140,7 +150,13 @@ class CheckpointSession:
         self.config = config
         self.framework = framework
         self.suffix = suffix
-        self.storage = storage if storage is not None else storage_for(config.dirpath, config.storage_options)
+        self.storage = storage if storage is not None else configured_storage(config.dirpath, config.storage_options)
+        self.mirror: Mirror | None = None
+        """The second tier (``config.mirror``) committed checkpoints are copied to, if any."""
+        if config.mirror is not None:
+            keep = config.mirror_keep_last if config.mirror_keep_last is not None else config.keep_last
+            target = configured_storage(config.mirror, config.storage_options)
+            self.mirror = Mirror(self.storage, target, keep, clock=clock)
         self.persist_mode = choose_persist_mode(
             config.persist_mode,
             async_persist=config.async_persist,
@@ -192,6 +208,8 @@ class CheckpointSession:
         """The run this session's records belong to: new, or the resumed checkpoint's."""
         self._opened = False
         self._release_lock: weakref.finalize | None = None
+        self.copied_from_mirror = False
+        """``resume_record()`` found its checkpoint in the mirror only and copied it into ``dirpath``."""
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -207,6 +225,13 @@ class CheckpointSession:
         if self._opened:
             return
         lock = open_directory(self.storage, self.framework, self.suffix, resume=self.config.resume)
+        if self.mirror is not None:
+            try:
+                probe_mirror(self.mirror.target)
+            except BaseException:
+                if lock is not None:
+                    lock.release()
+                raise
         self._opened = True
         if self._process is not None:
             self._process.start()
@@ -222,7 +247,11 @@ class CheckpointSession:
             self.before_update()
         finally:
             try:
-                self.writer.close()
+                try:
+                    self.writer.close()
+                finally:
+                    if self.mirror is not None:
+                        self.mirror.close()  # the last checkpoint reaches the mirror before the run ends
             finally:
                 if self._process is not None:
                     self._process.close()  # a later save() starts it again
@@ -244,15 +273,30 @@ class CheckpointSession:
 
     # -- resume ---------------------------------------------------------------------------
 
-    def resume_record(self, accept: Callable[[CheckpointRecord], bool] | None = None) -> CheckpointRecord | None:
+    def resume_record(
+        self,
+        accept: Callable[[CheckpointRecord], bool] | None = None,
+        before: CheckpointRecord | None = None,
+    ) -> CheckpointRecord | None:
         """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``.
 
-        Opens the session first. A record found makes this session continue its run.
+        ``before``: a record this returned earlier; only checkpoints committed before it count.
+        Opens the session first. A record found makes this session continue its run. With a
+        mirror, the newest of either tier; one only the mirror has is copied into ``dirpath``
+        first (``autockpt_core.persist.tiers``), so the record is always ``dirpath``'s.
         """
         self.open()
         if not self.config.resume:
             return None
-        record = find_latest_valid(self.storage, framework=self.framework, accept=accept)
+        if self.mirror is None:
+            if before is not None:
+                accept = committed_before(before, accept)
+            record = find_latest_valid(self.storage, framework=self.framework, accept=accept)
+        else:
+            record, tier = newest_of_tiers(self.storage, self.mirror.target, self.framework, accept, before)
+            if record is not None and tier is self.mirror.target:
+                record = hydrate(self.mirror.target, self.storage, record)
+                self.copied_from_mirror = True
         if record is not None:
             self.run = record.run
         return record
@@ -278,6 +322,8 @@ class CheckpointSession:
     def step_end(self, step: int, loss: float | None = None) -> Decision:
         """Record one finished optimizer step and decide whether to checkpoint now."""
         self.writer.raise_if_failed()
+        if self.mirror is not None:
+            self.mirror.raise_if_failed()
         now = self.clock()
         if self._start_time is None:  # the adapter did not call start(): begin here
             self.start(step)
@@ -372,8 +418,11 @@ class CheckpointSession:
         return self._newest_step
 
     def flush(self) -> None:
-        """Block until the in-flight persist is committed; re-raise its error (training thread)."""
+        """Block until the in-flight persist is committed, and with a mirror until it is
+        uploaded there too; re-raise their errors (training thread)."""
         self.writer.wait()
+        if self.mirror is not None:
+            self.mirror.wait()
 
     def before_update(self) -> float:
         """Call right before each optimizer step: waits for a snapshot copy still in flight.
@@ -413,6 +462,8 @@ class CheckpointSession:
 
     def _on_persisted(self, record: CheckpointRecord, seconds: float) -> None:
         self.profiler.record_persist(seconds)
+        if self.mirror is not None:
+            self.mirror.submit(record)
 
     def finish(self) -> RunSummary:
         """Wait for the last persist, release the directory lock (also when raising), re-raise
@@ -470,6 +521,8 @@ class CheckpointSession:
             buffer_bytes=self.buffers.total_bytes,
             buffer_peak_bytes=self.buffers.peak_bytes,
             copy_mode=self._copy_mode,
+            mirror=self.mirror.location if self.mirror is not None else None,
+            mirrored=self.mirror.mirrored if self.mirror is not None else 0,
         )
 
     def records(self) -> list[CheckpointRecord]:

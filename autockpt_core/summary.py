@@ -26,6 +26,8 @@ class RunSummary:
     buffer_bytes: int = 0
     buffer_peak_bytes: int = 0
     copy_mode: str | None = None
+    mirror: str | None = None
+    mirrored: int = 0
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -39,10 +41,11 @@ class RunSummary:
         )
         copy = f" ({self.copy_mode} copy)" if self.copy_mode else ""
         buffers = f", host buffers {format_size(self.buffer_peak_bytes)}" if self.buffer_peak_bytes else ""
+        mirrored = f", {self.mirrored} mirrored to {self.mirror}" if self.mirror else ""
         return (
             f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
             f"persist {persist}, overhead {overhead} (budget {self.budget * 100:.2f}%), "
-            f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}"
+            f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}{mirrored}"
         )
 
     def as_dict(self) -> dict[str, object]:

@@ -167,8 +167,12 @@ class AutoCheckpoint(keras.callbacks.Callback):
             the snapshot buffers from shared memory, so the persist never holds the training
             thread's GIL), "thread" (a writer thread) or "auto" ("process" on Linux with a
             local ``dirpath``, unless the torch backend has CUDA).
-        storage_options: fsspec options for a URL ``dirpath`` (``s3://...``): e.g.
+        storage_options: fsspec options for a URL ``dirpath`` or ``mirror`` (``s3://...``): e.g.
             ``endpoint_url``, ``key``, ``secret``.
+        mirror: A second tier (``s3://bucket/run``, another URL or a directory) every committed
+            checkpoint is copied to in the background; ``dirpath`` is then the fast, node-local
+            tier, and a resume takes the newest checkpoint of either (``Config.mirror``).
+        mirror_keep_last: Checkpoints the mirror keeps (default ``keep_last``).
         config: A ready :class:`~autockpt_core.Config`; explicit settings above override it.
         save_on_train_end: Take a final checkpoint when ``fit()`` returns normally and the
             state advanced since the newest checkpoint, so a rerun with more epochs continues
@@ -221,6 +225,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
         persist_mode: str = _DEFAULTS["persist_mode"],
         storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
+        mirror: str | None = _DEFAULTS["mirror"],
+        mirror_keep_last: int | None = _DEFAULTS["mirror_keep_last"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,

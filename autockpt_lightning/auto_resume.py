@@ -22,7 +22,6 @@ import lightning.pytorch as pl
 
 from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
 from autockpt_core.persist import CheckpointRecord, location_of
-from autockpt_core.persist.manifest import commit_order
 from autockpt_core.persist.storage import fetched
 
 from . import resume as _resume
@@ -80,7 +79,9 @@ def load_newest(
                 path = location_of(session.storage, record.name)
                 resumed = record.step
                 if verbose:
-                    print(f"autockpt: resuming from step {record.step}: {path}", flush=True)
+                    mirror = session.mirror
+                    source = f" (copied from the mirror {mirror.location})" if session.copied_from_mirror and mirror else ""
+                    print(f"autockpt: resuming from step {record.step}: {path}{source}", flush=True)
     raise_if_any_failed(trainer, error)
     if trainer.world_size > 1:
         path, resumed = trainer.strategy.broadcast((path, resumed), src=0)
@@ -121,7 +122,7 @@ def _before_final(session: CheckpointSession, final: CheckpointRecord, verbose: 
     the newest checkpoint before it (and trains those steps again). Without one, it resumes from
     the final checkpoint with a :class:`~autockpt_core.ResumeNotExactWarning`.
     """
-    earlier = session.resume_record(accept=lambda r: commit_order(r) < commit_order(final))
+    earlier = session.resume_record(before=final)
     if earlier is None:
         warnings.warn(
             f"autockpt: resuming from the final checkpoint of step {final.step} (an epoch's end) to train "

@@ -179,6 +179,8 @@ class AutoCheckpoint(Callback):
         snapshot_mode: str = _DEFAULTS["snapshot_mode"],
         persist_mode: str = _DEFAULTS["persist_mode"],
         storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
+        mirror: str | None = _DEFAULTS["mirror"],
+        mirror_keep_last: int | None = _DEFAULTS["mirror_keep_last"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,

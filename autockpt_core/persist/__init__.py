@@ -5,8 +5,10 @@
 - :mod:`.tensorfile`: streaming safetensors files; :mod:`.checksum`: CRC-32 while writing.
 - :mod:`.storage`: one interface for local directories and fsspec URLs (atomic writes).
 - :mod:`.manifest`: the list of committed checkpoints in commit order, verified on load.
-- :mod:`.writer`: phase 2, the background persist: write, commit, then retention;
+- :mod:`.writer`: phase 2, the background persist: write, commit, then :mod:`.retention`;
   :mod:`.failures`: what a failed persist left, in its message.
+- :mod:`.mirror`: a second tier each committed checkpoint is copied to in the background;
+  :mod:`.tiers`: copying between tiers, and which tier's checkpoint a resume takes.
 - :mod:`.directory`: taking a directory into use (at session start): :mod:`.lock`, one
   writer per directory; a probe write; :mod:`.leftovers`, what interrupted writes left.
 - :mod:`.names`: checkpoint file names.

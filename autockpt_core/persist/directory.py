@@ -5,6 +5,7 @@ thread): the directory lock (:mod:`.lock`; local storage only), a probe file wri
 deleted through the storage (so an unwritable ``dirpath`` fails at train start, not at the
 first checkpoint), then, when resuming and only under the lock, the leftovers of
 interrupted writes (:mod:`.leftovers`). Any failure gives the lock back before it is raised.
+:func:`probe_mirror` probes a mirror (``Config.mirror``) the same way, after the lock.
 """
 
 from __future__ import annotations
@@ -50,5 +51,15 @@ def probe(storage: Storage) -> None:
         raise unwritable(storage, exc) from exc
 
 
-def unwritable(storage: Storage, exc: BaseException) -> ConfigError:
-    return ConfigError("dirpath", storage.location, f"cannot be written ({type(exc).__name__}: {exc})", fix_for(exc))
+def probe_mirror(storage: Storage) -> None:
+    """:func:`probe` for the mirror (``Config.mirror``): a ``ConfigError`` naming ``mirror``."""
+    try:
+        probe(storage)
+    except ConfigError as exc:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise unwritable(storage, cause, field="mirror") from cause
+
+
+def unwritable(storage: Storage, exc: BaseException, field: str = "dirpath") -> ConfigError:
+    fix = fix_for(exc).replace("dirpath", field)
+    return ConfigError(field, storage.location, f"cannot be written ({type(exc).__name__}: {exc})", fix)

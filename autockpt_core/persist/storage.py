@@ -320,6 +320,13 @@ def storage_for(location: str | os.PathLike[str], storage_options: Mapping[str, 
     return LocalStorage(path)
 
 
+def configured_storage(location: str | os.PathLike[str], storage_options: Mapping[str, Any] | None) -> Storage:
+    """:func:`storage_for` with a config's ``storage_options``, which apply to URLs only (a
+    config may hold a local ``dirpath`` and a URL ``mirror``: the options are the mirror's)."""
+    text = os.fspath(location)
+    return storage_for(text, storage_options if _local_path(text) is None else None)
+
+
 def _local_path(location: str) -> str | None:
     """The filesystem path of a plain path or ``file://`` URL; None for other URLs."""
     if location.startswith("file://"):

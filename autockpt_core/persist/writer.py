@@ -7,8 +7,9 @@ still finishes the checkpoint it started. Steps of one persist:
    fsync, rename to the final name (checksum computed while writing);
 2. commit: write the manifest with the new record appended (atomic replace), its ``seq`` one
    more than the largest in the manifest;
-3. retention: only now, drop the records of the same framework and run beyond ``keep_last``
-   from the manifest, then delete their files. Other runs' records are never dropped.
+3. retention (:mod:`.retention`): only now, drop the records of the same framework and run
+   beyond ``keep_last`` from the manifest, then delete their files. Other runs' records are
+   never dropped.
 
 A failure in step 1 or 2 leaves the previous checkpoints listed and readable, and no file of
 the new one (a file renamed into place whose manifest write failed is removed; if that fails
@@ -30,14 +31,9 @@ from typing import IO, Any, Callable
 
 from ..errors import CheckpointWriteError
 from .failures import PersistFailure
-from .manifest import (
-    CheckpointRecord,
-    commit_order,
-    next_seq,
-    read_manifest,
-    write_manifest,
-)
+from .manifest import CheckpointRecord, next_seq, read_manifest, write_manifest
 from .persist_process import PersistProcess, PersistProcessError, PortableWrite
+from .retention import retain
 from .storage import LocalStorage, NotDurableError, Storage, location_of
 
 log = logging.getLogger("autockpt")
@@ -217,37 +213,8 @@ class CheckpointWriter:
 
     def _retain(self, record: CheckpointRecord, records: list[CheckpointRecord]) -> None:
         """Drop this framework's and run's records beyond ``keep_last``; a failure only warns."""
-        same = [r for r in records if r.framework == record.framework and r.run == record.run]
-        if len(same) <= self._keep_last:
-            return
-        dropped = sorted(same, key=commit_order)[: -self._keep_last]
-        names = {r.name for r in dropped}
-        committed = f"checkpoint {record.name} (step {record.step}) is committed"
-        try:
-            write_manifest(self._storage, [r for r in records if r.name not in names])
-        except NotDurableError as exc:  # unlisted now, maybe listed again after a power loss
-            self._warn(
-                f"autockpt: {committed}; retention dropped {len(dropped)} older record(s) from the manifest "
-                f"in {self._storage.location} but could not make it durable ({exc}); their files are kept, "
-                "unlisted (a later resume in this directory removes them)"
-            )
-            return
-        except Exception as exc:  # noqa: BLE001 - committed already: a warning, not an error
-            self._warn(
-                f"autockpt: {committed}, but retention could not update the manifest in "
-                f"{self._storage.location} ({type(exc).__name__}: {exc}); no older checkpoint was "
-                f"deleted, so more than keep_last={self._keep_last} are kept"
-            )
-            return
-        for old in dropped:
-            try:
-                self._storage.delete(old.name)
-            except Exception as exc:  # noqa: BLE001 - committed already: a warning, not an error
-                self._warn(
-                    f"autockpt: {committed}, but retention could not delete the older checkpoint "
-                    f"{location_of(self._storage, old.name)} (step {old.step}): {type(exc).__name__}: "
-                    f"{exc}. It is no longer listed and never used; delete it to free the space"
-                )
+        for message in retain(self._storage, record, records, self._keep_last):
+            self._warn(message)
 
     def _failure_of(
         self,

@@ -39,7 +39,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -186,8 +186,12 @@ def run_until_done(
     max_clean_reruns: int = 3,
     timeout: float = 300.0,
     require_all: bool = True,
+    before_attempt: Callable[[int], None] | None = None,
 ) -> FaultRun:
     """One process per plan (each must fail as planned), then external kills, then clean reruns.
+
+    ``before_attempt(i)`` is called before the i-th process starts (0 first): e.g. to swap
+    ``dirpath`` for another node's disk.
 
     A planned process that finishes (exit 0) before its fault fired fails the run (with
     ``require_all=False``, for random plans, it ends the run instead). After the
@@ -197,8 +201,14 @@ def run_until_done(
     if out.exists():
         out.unlink()
     attempts: list[Attempt] = []
+
+    def attempt_with(plan: Plan | None, kill_after: float | None = None) -> Attempt:
+        if before_attempt is not None:
+            before_attempt(len(attempts))
+        return run_once(command, dirpath, out, plan, extra_args=extra_args, kill_after=kill_after, timeout=timeout)
+
     for plan in plans:
-        attempt = run_once(command, dirpath, out, plan, extra_args=extra_args, timeout=timeout)
+        attempt = attempt_with(plan)
         attempts.append(attempt)
         if attempt.returncode == 0 and not require_all:
             break
@@ -208,14 +218,14 @@ def run_until_done(
     for delay in kill_after:
         if out.exists():
             break
-        attempt = run_once(command, dirpath, out, None, extra_args=extra_args, kill_after=delay, timeout=timeout)
+        attempt = attempt_with(None, kill_after=delay)
         attempts.append(attempt)
         if attempt.returncode == 0:
             break  # finished before the kill: nothing left to break
     for _ in range(max_clean_reruns):
         if out.exists():
             break
-        attempt = run_once(command, dirpath, out, None, extra_args=extra_args, timeout=timeout)
+        attempt = attempt_with(None)
         attempts.append(attempt)
         if attempt.returncode == 0:
             break

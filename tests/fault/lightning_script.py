@@ -20,6 +20,7 @@ same command; each rank draws its own dropout masks and reads its own shard of e
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import warnings
@@ -196,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sanity", type=int, default=0, help="validation batches of the sanity check")
     parser.add_argument("--persist-mode", default="thread", choices=["thread", "process"])
     parser.add_argument("--devices", type=int, default=1, help="2 or more: DDP on CPU processes (gloo)")
+    parser.add_argument("--mirror", default=None, help="the callback's mirror (a URL or directory)")
+    parser.add_argument("--storage-options", default=None, help="the callback's storage_options, as JSON")
     args = parser.parse_args(argv)
+    mirrored = {} if args.baseline or not args.mirror else {"mirror": args.mirror}
+    if mirrored and args.storage_options:
+        mirrored["storage_options"] = json.loads(args.storage_options)
     warnings.filterwarnings("ignore", module="lightning")
     warnings.filterwarnings("ignore", message=".*set_vital.*")
     model, trainer, _ = train(
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         persist_mode=args.persist_mode,
         devices=args.devices,
         root=os.path.dirname(os.path.abspath(args.out)),
+        **mirrored,
     )
     if trainer.global_rank != 0:
         return 0

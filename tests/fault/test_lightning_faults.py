@@ -2,19 +2,24 @@
 SIGTERM (emergency checkpoint, exit 143), then a rerun of the same command; the final weights
 must equal, bit for bit, those of an uninterrupted run without the callback.
 
-Dropout, shuffling, a per-step LR schedule and validation are on. Each process imports
+With a node-local ``dirpath`` and an S3 mirror (a real moto server), the job also moves
+between two "nodes" (disks). Dropout, shuffling, a per-step LR schedule and validation are on. Each process imports
 torch and Lightning (a few seconds), so CI runs one chain of faults; more loaders, kills and
 seeds are behind ``slow``.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from autockpt_core import read_manifest, storage_for
 from tests.fault.harness import assert_weights_equal, run_baseline, run_until_done
 from tests.fault.lightning_script import train, weights_of
 
@@ -154,4 +159,58 @@ def test_ddp_two_ranks_killed_as_a_job_and_preempted_on_one_rank_end_bitwise_equ
     assert all(e["rank"] == 1 for a in result.attempts[2:4] for e in a.events), result.report()
     assert "SIGTERM received; checkpoint of step 9 committed" in result.attempts[2].output
     assert "resuming from step 9" in result.attempts[3].output
+    assert_weights_equal(result.weights, expected)
+
+
+class Nodes:
+    """Attempts that run on two nodes in turn, A, B, A, B ...: each node's local disk is its own
+    ``dirpath`` (moved into place before its attempt), so B starts with an empty fast tier and
+    A comes back to a disk the job has moved on from."""
+
+    def __init__(self, dirpath: Path) -> None:
+        self.dirpath = dirpath
+        self.disks = [dirpath.with_name("disk-a"), dirpath.with_name("disk-b")]
+        self.current: int | None = None
+
+    def __call__(self, attempt: int) -> None:
+        if self.current is not None and self.dirpath.exists():
+            self.dirpath.rename(self.disks[self.current])
+        self.current = attempt % 2
+        if self.disks[self.current].exists():
+            self.disks[self.current].rename(self.dirpath)
+
+
+def test_a_node_local_tier_with_an_s3_mirror_survives_lost_and_stale_nodes_bitwise(
+    tmp_path: Path, s3_server: Any
+) -> None:
+    """``dirpath`` is each node's local disk, ``mirror`` a bucket on a real S3-compatible server
+    (moto, 127.0.0.1). Node B starts empty and must resume from the mirror; node A comes back
+    with its own older checkpoints and must take the mirror's newer one (B's work), though A's
+    disk holds checkpoints the mirror never saw."""
+    mirror = s3_server.url(f"lightning-{uuid.uuid4().hex[:8]}")
+    args = ["--loader", "stateful", "--val", "--epochs", "3", "--every", "2",
+            "--mirror", mirror, "--storage-options", json.dumps(s3_server.storage_options)]  # fmt: skip
+    model, _, _ = train(str(tmp_path / "baseline"), baseline=True, loader="stateful", val=True, epochs=3)
+    expected = weights_of(model)
+    plans = [
+        {"phase": "step", "at": 6, "action": "sigterm"},  # node A: preempted; step 7 reaches the bucket
+        {"phase": "step", "at": 20, "action": "sigterm"},  # node B, from the bucket's step 7: step 21 too
+        {"phase": "persist", "nth": 3},  # node A, from the bucket's step 21: SIGKILL mid-write
+    ]
+    nodes = Nodes(tmp_path / "ck")
+    result = run_until_done(COMMAND, nodes.dirpath, tmp_path / "w.npz", plans=plans, extra_args=args,
+                            before_attempt=nodes)  # fmt: skip
+    result.assert_faults_happened()
+    assert [a.returncode for a in result.attempts] == [143, 143, -9, 0], result.report()
+    on_a, on_b, back_on_a, _ = (a.output for a in result.attempts)
+    assert "SIGTERM received; checkpoint of step 7 committed" in on_a and "resuming" not in on_a
+    assert f"ckpt-step000000007.ckpt), and in the mirror {mirror}; exiting with status 143" in on_a
+    # B's disk is empty: the bucket's checkpoint is copied in first
+    assert f"resuming from step 7: {nodes.dirpath}/ckpt-step000000007.ckpt (copied from the mirror {mirror})" in on_b
+    assert "SIGTERM received; checkpoint of step 21 committed" in on_b
+    # A's disk ends at step 7 (its own); the bucket's step 21 (B's) is newer and wins
+    assert f"resuming from step 21: {nodes.dirpath}/ckpt-step000000021.ckpt (copied from the mirror {mirror})" in back_on_a
+    newest_local = read_manifest(storage_for(str(nodes.dirpath)))[-1]
+    newest_remote = read_manifest(storage_for(mirror, s3_server.storage_options))[-1]
+    assert (newest_remote.step, newest_remote.checksum) == (newest_local.step, newest_local.checksum)  # finish() waited
     assert_weights_equal(result.weights, expected)

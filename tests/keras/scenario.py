@@ -3,6 +3,7 @@
     KERAS_BACKEND=torch python tests/keras/scenario.py first  WORKDIR
     KERAS_BACKEND=torch python tests/keras/scenario.py resume WORKDIR
     AUTOCKPT_TEST_S3='{"url": ..., "storage_options": ...}' ... scenario.py s3-first|s3-resume WORKDIR
+    AUTOCKPT_TEST_S3=... scenario.py mirror-first|mirror-resume WORKDIR
 
 Each phase writes WORKDIR/<phase>.json with what it observed; the test module asserts on it.
 Models are tiny (10 batches per epoch) and named explicitly, so variable paths, and with them
@@ -156,7 +157,9 @@ def train(
     ]
     out["iterations_at_end"] = int(model.optimizer.iterations.numpy())
     out["digest"] = weights_digest(model)
-    out["latest"] = latest_checkpoint(dirpath, storage_options=kwargs.get("storage_options"))
+    remote = "://" in str(dirpath)  # with a local dirpath, storage_options are the mirror's
+    out["latest"] = latest_checkpoint(dirpath, storage_options=kwargs.get("storage_options") if remote else None)
+    out["copied_from_mirror"] = auto.session.copied_from_mirror if auto.session is not None else None
     out["summary"] = auto.summary.line() if auto.summary else None
     out["persist_mode"] = auto.session.persist_mode.mode if auto.session is not None else None
     out["process_writes"] = auto.session.process_writes if auto.session is not None else None
@@ -404,6 +407,14 @@ def main() -> None:
             result["run"] = train(s3["url"], epochs=epochs, seed=SEED, save_on_train_end=False,
                                   storage_options=s3["storage_options"])
             if phase == "s3-resume":
+                result["local"] = train(workdir / "uninterrupted", epochs=4, seed=SEED, save_on_train_end=False)
+        elif phase in ("mirror-first", "mirror-resume"):  # a node-local dirpath, the bucket as mirror
+            s3 = json.loads(os.environ["AUTOCKPT_TEST_S3"])
+            node = workdir / ("node-a" if phase == "mirror-first" else "node-b")  # node b: an empty disk
+            epochs = 2 if phase == "mirror-first" else 4
+            result["run"] = train(node, epochs=epochs, seed=SEED, save_on_train_end=False, mirror=s3["url"],
+                                  storage_options=s3["storage_options"])
+            if phase == "mirror-resume":
                 result["local"] = train(workdir / "uninterrupted", epochs=4, seed=SEED, save_on_train_end=False)
         elif phase == "resume":
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)

@@ -1,7 +1,9 @@
 """Keras with ``dirpath="s3://..."`` and ``storage_options``, against a real S3-compatible
 server (moto, a process on 127.0.0.1): a first process trains two epochs with a checkpoint
 every 3 steps; a rerun of the same command in a new process resumes from the newest object
-mid-epoch and ends with the weights of an uninterrupted run (both backends)."""
+mid-epoch and ends with the weights of an uninterrupted run (both backends). With a node-local
+``dirpath`` and the bucket as ``mirror``, a rerun on a node whose disk is empty resumes from
+the bucket the same way."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from autockpt_core import read_manifest, storage_for
 from tests.keras.test_keras_adapter import ROOT, SCRIPT
 
 pytestmark = pytest.mark.integration
@@ -46,3 +49,20 @@ def test_keras_checkpoints_to_s3_and_a_rerun_resumes_exactly(backend: str, s3_se
     assert run["restored"]["step"] == 18 and run["restore_mismatched"] == []
     assert run["iterations_at_end"] == 40
     assert run["digest"] == local["digest"]  # bitwise the weights of the uninterrupted local run
+
+
+def test_keras_with_a_node_local_tier_resumes_from_the_s3_mirror_on_an_empty_node(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    s3 = {"url": s3_server.url(f"keras-mirror-{uuid.uuid4().hex[:8]}"), "storage_options": s3_server.storage_options}
+    first = run_phase("torch", "mirror-first", tmp_path, s3)["run"]
+    assert first["latest"] == str(tmp_path / "node-a" / "ckpt-step000000018.safetensors")
+    assert first["summary"] is None or "mirrored to" in first["summary"]
+    remote = read_manifest(storage_for(s3["url"], s3["storage_options"]))
+    assert remote[-1].step == 18  # finish() waited for the last upload
+
+    resumed = run_phase("torch", "mirror-resume", tmp_path, s3)
+    run, local = resumed["run"], resumed["local"]
+    assert run["restored"]["step"] == 18 and run["copied_from_mirror"] is True and run["restore_mismatched"] == []
+    assert run["iterations_at_end"] == 40 and run["digest"] == local["digest"]
+    assert read_manifest(storage_for(s3["url"], s3["storage_options"]))[-1].name == Path(run["latest"]).name
