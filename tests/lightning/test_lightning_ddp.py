@@ -61,3 +61,20 @@ def test_ddp_two_processes_rank_zero_writes_and_both_resume(tmp_path: Path) -> N
 
     state = torch.load(tmp_path / "ck" / "ckpt-step000000022.ckpt", weights_only=False)["callbacks"]["AutoCheckpoint"]
     assert sorted(state["rng"]) == [0, 1] and state["world_size"] == 2  # every rank's generators
+
+
+def test_sharded_and_other_strategies_are_refused_naming_the_fix() -> None:
+    """Strategies the callback cannot serve (FSDP, model parallel) fail in ``setup()`` with an
+    error that names them; single-device and DDP strategies pass."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+
+    from autockpt_core import AutockptError
+    from autockpt_lightning.distributed import check_strategy
+
+    for strategy in (FSDPStrategy(), ModelParallelStrategy()):
+        with pytest.raises(AutockptError, match=f"not {type(strategy).__name__}. Fix: use strategy='ddp'"):
+            check_strategy(SimpleNamespace(strategy=strategy))  # type: ignore[arg-type]
+    for strategy in (DDPStrategy(), SingleDeviceStrategy("cpu")):
+        check_strategy(SimpleNamespace(strategy=strategy))  # type: ignore[arg-type]
