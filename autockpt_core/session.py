@@ -64,7 +64,7 @@ from .persist import (
     find_latest_valid,
     read_manifest,
 )
-from .persist.directory import open_directory, probe_mirror
+from .persist.directory import open_directory
 from .persist.mirror import Mirror
 from .persist.names import checkpoint_name
 from .persist.persist_mode import choose_persist_mode, process_can_write
@@ -224,14 +224,8 @@ class CheckpointSession:
         """
         if self._opened:
             return
-        lock = open_directory(self.storage, self.framework, self.suffix, resume=self.config.resume)
-        if self.mirror is not None:
-            try:
-                probe_mirror(self.mirror.target)
-            except BaseException:
-                if lock is not None:
-                    lock.release()
-                raise
+        mirror = self.mirror.target if self.mirror is not None else None
+        lock = open_directory(self.storage, self.framework, self.suffix, resume=self.config.resume, mirror=mirror)
         self._opened = True
         if self._process is not None:
             self._process.start()

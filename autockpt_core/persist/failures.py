@@ -54,15 +54,16 @@ class PersistFailure:
         return f"{head} {removed} {untouched} {fix}"
 
 
-def fix_for(error: BaseException) -> str:
-    """What to do about a storage error, from its errno where it has one."""
+def fix_for(error: BaseException, field: str = "dirpath") -> str:
+    """What to do about a storage error, from its errno where it has one; ``field`` names the
+    setting that points there (``dirpath``, or ``mirror``)."""
     code = getattr(error, "errno", None)
     if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return "the disk or quota is full; free space there or point dirpath to a larger filesystem"
+        return f"the disk or quota is full; free space there or point {field} to a larger filesystem"
     if code in (errno.EACCES, errno.EPERM):
-        return "this process may not write there; fix the directory's permissions or choose another dirpath"
+        return f"this process may not write there; fix the directory's permissions or choose another {field}"
     if code == errno.EROFS:
-        return "the filesystem is read-only; point dirpath to a writable one"
+        return f"the filesystem is read-only; point {field} to a writable one"
     if code in (errno.ENOTDIR, errno.EEXIST):
-        return "dirpath is a file, or lies under one; point dirpath to a directory (it is created if missing)"
+        return f"{field} is a file, or lies under one; point {field} to a directory (it is created if missing)"
     return "check free space, permissions and the storage backend"
