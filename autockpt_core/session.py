@@ -247,6 +247,7 @@ class CheckpointSession:
                     if self.mirror is not None:
                         self.mirror.close()  # the last checkpoint reaches the mirror before the run ends
             finally:
+                self.buffers.settle()  # a prefault still running ends before the run does
                 if self._process is not None:
                     self._process.close()  # a later save() starts it again
                 if self._release_lock is not None:

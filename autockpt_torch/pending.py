@@ -39,7 +39,7 @@ class PendingCopy:
         self._thread: threading.Thread | None = None
         if thread_items:
             self._thread = threading.Thread(
-                target=self._copy, args=(list(thread_items),), name="autockpt-snapshot-copy", daemon=True
+                target=self._copy, args=(list(thread_items),), name="autockpt-snapshot-copy"
             )
             self._thread.start()
         self._update_event = update_event

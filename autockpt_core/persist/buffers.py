@@ -89,7 +89,10 @@ class BufferPool(Generic[B]):
                 wanted.append((key, shape, dtype))
         if not wanted:
             return False
-        self._prefault = threading.Thread(target=self._prefault_run, args=(wanted,), name="autockpt-prefault", daemon=True)
+        # not a daemon: interpreter exit joins it, so it is never inside torch's C++ code when
+        # Python finalizes (a daemon thread there aborts the process: "terminate called
+        # without an active exception", seen when a run ended two steps after a prefault began)
+        self._prefault = threading.Thread(target=self._prefault_run, args=(wanted,), name="autockpt-prefault")
         self._prefault.start()
         return True
 
