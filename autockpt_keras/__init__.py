@@ -3,7 +3,7 @@
 >>> model.fit(x, y, epochs=10, callbacks=[AutoCheckpoint("ckpts", overhead_budget="2%")])
 
 Rerunning the same script resumes from the newest valid checkpoint in ``ckpts``. Works on
-the TensorFlow and torch backends (chosen with ``KERAS_BACKEND`` before importing keras).
+the TensorFlow, torch and JAX backends (chosen with ``KERAS_BACKEND`` before importing keras).
 Checkpoints are safetensors files; ``export_weights`` writes a plain Keras ``.weights.h5``.
 """
 

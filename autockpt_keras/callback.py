@@ -84,6 +84,7 @@ from .data_stream import find_epoch_iterator
 from .exact_resume import ExactResume
 from .fit_frame import find_fit_frame, is_on_stack
 from .input_checks import InputReport, inspect_inputs
+from .jax_state import optimizer_step
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, manifest_meta, prepare_buffers
@@ -184,7 +185,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
     the checkpoint's, the global generators (Python, numpy, torch, Keras' and TensorFlow's
     global generators) are put back, and the resumed epoch draws (without training on) the
     batches the interrupted run had already trained, so the rest of the run sees the data an
-    uninterrupted run would. On the TensorFlow and torch backends with array, ``PyDataset``,
+    uninterrupted run would. On the TensorFlow, torch and JAX backends with array, ``PyDataset``,
     tf.data or torch ``DataLoader`` inputs whose order is reproducible (seeded), the final
     weights are bitwise those of an uninterrupted run without this callback. What is not
     reproducible is named in a :class:`~autockpt_core.ResumeNotExactWarning` at the start of
@@ -556,9 +557,13 @@ class AutoCheckpoint(keras.callbacks.Callback):
         return event
 
     def _global_step(self) -> int:
-        optimizer = getattr(self.model, "optimizer", None)
+        # On JAX, Callback.model reattaches fit()'s whole state at every access: read it raw
+        model = self._model if self._backend == "jax" else self.model
+        optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             raise RuntimeError("AutoCheckpoint needs a compiled model (model.compile(optimizer=...)).")
+        if self._backend == "jax":
+            return optimizer_step(model)
         return int(optimizer.iterations.numpy())
 
     def _put_back_initial_epoch(self) -> None:

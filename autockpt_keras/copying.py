@@ -20,7 +20,7 @@ One copier per backend, each avoiding a fresh numpy allocation per variable:
   step, so the copy syncs the state into the variables (``model.jax_state_sync()``), starts
   every device-to-host transfer (``copy_to_host_async``), then copies each host view into its
   buffer, all before the hook returns (donated buffers are invalid after the next step).
-  Written against Keras 3.15's JAX trainer; untested here (JAX is not installed).
+  Written against Keras 3.15's JAX trainer; tested on CPU (no GPU here).
 - anything else: ``np.copyto(buffer, v.numpy())`` (one temporary per variable).
 
 Threading: training thread only, between steps (the session calls it inside ``save``). The
@@ -191,7 +191,7 @@ def _cuda_to_host(items: Sequence[tuple[Any, Any]]) -> None:
 
 
 class JaxCopier:
-    """JAX backend (untested here: JAX is not installed); see the module docstring.
+    """JAX backend (tested on CPU only); see the module docstring.
 
     ``model`` is the Keras model whose ``fit()`` is running: its ``jax_state_sync()`` puts the
     trainer's current state into the variables first.

@@ -2,8 +2,8 @@
 
 For the batches a resumed epoch skips to be the same batches, its data must come in the same
 order. Keras draws that order when the epoch's iterator is created, from a global generator
-(array inputs: torch's on the torch backend; ``PyDataset``: Python's ``random``; torch
-``DataLoader``: torch's) or from an op-seeded ``tf.random.shuffle`` (array inputs on
+(array inputs: torch's on the torch backend, numpy's on JAX; ``PyDataset``: Python's
+``random``; torch ``DataLoader``: torch's) or from an op-seeded ``tf.random.shuffle`` (array inputs on
 TensorFlow: the same order in every process once a global seed is set). So the generators
 are captured when each *stream* (one data iterator) starts and restored at the same point of
 the resumed run, before that iterator is created. A stream is one epoch unless
@@ -17,7 +17,7 @@ iterator in a process the k-th order; a new process starts again at the first. R
 stream whose iterator was the k-th therefore first creates and drops k iterators
 (:func:`advance_dataset`).
 
-Keras internals used (checked against Keras 3.15's TensorFlow and torch trainers): the local
+Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers): the local
 ``epoch_iterator`` of ``fit()`` (:func:`find_epoch_iterator`), its ``_get_iterator``,
 ``_current_iterator`` and ``_steps_seen``. Without the epoch iterator, every epoch is assumed
 to start a new stream.

@@ -9,7 +9,7 @@ and calls it from its hooks. It combines the data stream's position
 (:mod:`autockpt_keras.skipping`) and the global generators (:mod:`autockpt_keras.rng`);
 :mod:`autockpt_keras.input_checks` says beforehand what keeps a resume from being exact.
 
-Call order (the callback's hooks, Keras 3's TensorFlow and torch trainers):
+Call order (the callback's hooks, Keras 3's TensorFlow, torch and JAX trainers):
 
 1. ``on_train_begin``: created with ``fit()``'s data iterator (a
    :class:`~autockpt_keras.data_stream.DataStream` starts following it). When a checkpoint
@@ -47,14 +47,10 @@ from autockpt_core import ResumeNotExactWarning
 from . import rng
 from .checkpoint_file import CheckpointInfo
 from .data_stream import DataStream, StreamState, advance_dataset
-from .input_checks import InputReport
+from .input_checks import EXACT_BACKENDS, InputReport
 from .resume_point import ResumePoint
 from .skipping import SkipSteps, build_metrics
 from .state import assign_state, collect_state
-
-#: Backends on which a resumed epoch continues at the checkpoint's batch (others replay it).
-EXACT_BACKENDS = ("tensorflow", "torch")
-
 
 class ExactResume:
     """The exact-resume state of one ``fit()`` call; see the module docstring for the call order.

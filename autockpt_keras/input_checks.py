@@ -19,6 +19,10 @@ import dataclasses
 from typing import Any, Iterable
 
 
+#: Backends on which a resumed epoch continues at the checkpoint's batch (others replay it).
+EXACT_BACKENDS = ("tensorflow", "torch", "jax")
+
+
 @dataclasses.dataclass(frozen=True)
 class InputReport:
     """The kind of input ``fit()`` trains on and why a resume from it may not be exact."""
@@ -32,9 +36,9 @@ class InputReport:
 def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
     """Classify ``fit()``'s input (through its data adapter) and list what is not reproducible."""
     problems: list[str] = []
-    if backend not in ("tensorflow", "torch"):
+    if backend not in EXACT_BACKENDS:
         problems.append(
-            f"exact mid-epoch resume supports the TensorFlow and torch backends, not {backend!r}: "
+            f"exact mid-epoch resume supports the TensorFlow, torch and JAX backends, not {backend!r}: "
             "an interrupted epoch is replayed from its first batch"
         )
     if epoch_iterator is None:

@@ -1,8 +1,9 @@
 """Capture and restore the global random generators a Keras training process draws from.
 
 On top of :mod:`autockpt_core.rng` (Python ``random``, numpy's global generator) and, on the
-torch backend, :mod:`autockpt_torch.rng` (torch CPU and initialized CUDA generators), this
-adds the generators only Keras and TensorFlow have:
+torch backend or whenever torch is imported (a torch ``DataLoader`` input on TensorFlow or
+JAX draws its order from torch's generator), :mod:`autockpt_torch.rng` (torch CPU and
+initialized CUDA generators), this adds the generators only Keras and TensorFlow have:
 
 - ``keras_seed``: the state of Keras' global ``SeedGenerator``, which ``keras.random.*``
   draws from when no ``seed`` is passed (layers such as ``Dropout`` own their
@@ -31,7 +32,7 @@ __all__ = ["capture", "restore"]
 
 def capture(backend: str) -> dict[str, Any]:
     """The state of every global generator of this process, as plain JSON."""
-    if backend == "torch":
+    if backend == "torch" or "torch" in sys.modules:  # a torch DataLoader input on any backend
         from autockpt_torch import rng as torch_rng
 
         state = torch_rng.capture_rng()
@@ -60,10 +61,14 @@ def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> li
     problems: list[str] = []
     if "keras_seed" in state:
         _restore_keras_seed(state["keras_seed"])
-    if backend == "torch":
-        from autockpt_torch import rng as torch_rng
-
-        problems.extend(torch_rng.restore_rng(state))
+    if "torch" in state:
+        try:
+            from autockpt_torch import rng as torch_rng
+        except ImportError:
+            problems.append("the checkpoint holds torch's generator state, but torch is not installed")
+            core_rng.restore_rng(state)
+        else:
+            problems.extend(torch_rng.restore_rng(state))
     else:
         core_rng.restore_rng(state)
     if "tf_global" in state:

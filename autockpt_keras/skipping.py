@@ -8,7 +8,7 @@ data pipeline does per batch (its RNG draws, a ``PyDataset``'s ``__getitem__``, 
 random ops) in step with the uninterrupted run; it costs the data loading of those batches.
 Which batches are the same batches is :mod:`autockpt_keras.data_stream`'s part.
 
-Keras internals used (checked against Keras 3.15's TensorFlow and torch trainers):
+Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
 ``model.train_function``, which ``fit()`` looks up at every batch, the epoch iterator's
 ``_current_iterator`` and ``_steps_seen``, and ``model._symbolic_build`` (:func:`build_metrics`).
 
@@ -65,18 +65,23 @@ class SkipSteps:
         if self.model.train_function is self:
             self.model.train_function = self.original
 
-    def __call__(self, data: Any) -> Any:
+    def __call__(self, *args: Any) -> Any:
+        # TensorFlow and torch call train_function(data); JAX calls train_function(state,
+        # iterator) and takes back (logs, state): a skipped call returns the state unchanged
+        state, data = args if len(args) == 2 else (None, args[0])
         if self.drop:
             data = self._drop(data)
         if self.skipping:
             self._draw(data)
             self.skipped += 1
+            if len(args) == 2:
+                return jax_logs(self.model, state), state
             return current_logs(self.model)
         self.uninstall()
         if self.before_first_step is not None:
             callback, self.before_first_step = self.before_first_step, None
             callback()
-        return self.original(data)
+        return self.original(*args[:-1], data)
 
     def _draw(self, data: Any) -> None:
         if isinstance(data, (list, tuple)):  # torch (and JAX): fit() already drew the batch
@@ -150,6 +155,19 @@ def current_logs(model: Any) -> dict[str, Any]:
         else:
             logs[metric.name] = result
     return logs
+
+
+def jax_logs(model: Any, state: Any) -> dict[str, Any]:
+    """:func:`current_logs` on JAX, inside ``fit()``: the metric variables are detached from
+    the model then (``fit()`` keeps their values in ``state``, its 4th part), so the results
+    are computed from ``state``'s values."""
+    from keras.src.backend.common.stateless_scope import StatelessScope
+
+    metric_values = state[3] if isinstance(state, (list, tuple)) and len(state) == 4 else None
+    if not metric_values:
+        return current_logs(model)
+    with StatelessScope(state_mapping=list(zip(model.metrics_variables, metric_values))):
+        return current_logs(model)
 
 
 def unwrap_train_function(model: Any) -> None:

@@ -15,7 +15,7 @@ repeat`` and ``--steps-per-epoch`` change how epochs cut the data). Input types:
   seed) and a random-noise ``map`` with an op seed;
 - ``repeat``: the same pipeline ``.repeat()``-ed, with ``steps_per_epoch`` 10 (epochs share
   one iterator and cut through the passes);
-- ``dataloader`` (torch backend): a torch ``DataLoader(shuffle=True)``.
+- ``dataloader``: a torch ``DataLoader(shuffle=True)`` (any backend).
 
 The callback checkpoints every ``--every`` steps (dense, so faults land in every phase),
 keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
@@ -64,7 +64,7 @@ if ARGS.backend == "tensorflow" or ARGS.inputs in ("tfdata", "repeat"):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.experimental.enable_op_determinism()
-if ARGS.backend == "torch":
+if ARGS.backend == "torch" or ARGS.inputs == "dataloader":
     import torch
 
     torch.set_num_threads(1)
@@ -164,6 +164,8 @@ def _hook_snapshot() -> None:
 def main() -> int:
     warnings.filterwarnings("ignore", message=".*ran out of data.*")
     keras.utils.set_random_seed(ARGS.seed)
+    if "torch" in sys.modules:  # set_random_seed seeds torch on the torch backend only
+        sys.modules["torch"].manual_seed(ARGS.seed)
     model = make_model(ARGS.steps_per_execution)
     x, y = make_data()
     data, kwargs = fit_inputs(x, y)

@@ -367,7 +367,7 @@ def input_checks() -> dict[str, Any]:
         for name, ds in cases.items():
             problems, reshuffles = tf_dataset_problems(ds.batch(4))
             out[name] = {"problems": problems, "reshuffles": reshuffles}
-    else:
+    elif keras.backend.backend() == "torch":
         from torch.utils.data import DataLoader, TensorDataset
 
         data_set = TensorDataset(torch.zeros(8, 2))
