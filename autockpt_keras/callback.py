@@ -6,7 +6,8 @@ puts a resumed run back at the exact batch and generator state the checkpoint wa
 (that module's docstring details those steps). Order of calls inside ``fit()`` (TensorFlow
 and torch trainers, Keras 3):
 
-1. ``on_train_begin``: a new session; ``fit()``'s data iterator is looked up and its input
+1. ``on_train_begin``: the ``tf.distribute`` strategy is checked (one process only,
+   :mod:`autockpt_keras.strategies`); a new session; ``fit()``'s data iterator is looked up and its input
    type checked (a :class:`~autockpt_core.ResumeNotExactWarning` names what would keep a
    resume from being exact, :mod:`autockpt_keras.input_checks`); ``session.resume_record()``;
    if a valid checkpoint exists, the model's and optimizer's variables are built if needed
@@ -88,7 +89,8 @@ from .jax_state import optimizer_step
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, manifest_meta, prepare_buffers
-from .state import assign_state, collect_state, ensure_built
+from .strategies import check_strategy
+from .state import REPLICA, assign_state, collect_state, ensure_built
 
 log = logging.getLogger("autockpt")
 
@@ -287,6 +289,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
         backend = keras.backend.backend()
         self._backend = backend
+        check_strategy(self.model)  # before anything is read or written
         pinned = buffer_pool_for(backend)  # pinned buffers (torch backend with CUDA) cannot be shared
         self.session = CheckpointSession(
             self.config,
@@ -434,7 +437,16 @@ class AutoCheckpoint(keras.callbacks.Callback):
         arrays, info = read_record(session.storage, record)
         ensure_built(self.model)
         exact.prepare_metrics()
-        assign_state(collect_state(self.model), arrays, order=info.keys)
+        report = assign_state(collect_state(self.model), arrays, order=info.keys)
+        lost = [k for k in report.skipped if REPLICA in k]
+        if lost:
+            warnings.warn(
+                f"autockpt: resuming at step {info.step} is not exact: the checkpoint holds per-device copies "
+                f"of {len(lost)} non-trainable variable(s) (BatchNorm statistics, metric totals) from a "
+                "tf.distribute run on other devices; here every device starts from the first device's values.",
+                ResumeNotExactWarning,
+                stacklevel=4,  # the caller of on_train_begin
+            )
         self.restored = info
         self._last_saved_step = info.step
         self._initial_epoch_to_put_back = (self.model._initial_epoch,)

@@ -12,6 +12,16 @@ model's weights under one prefix (instead of trainable/non-trainable) keeps keys
 layer is frozen or unfrozen. A path seen twice (possible with hand-named layers) gets ``#2``,
 ``#3`` ... in collection order, which is deterministic for a model built the same way.
 
+Under a one-process ``tf.distribute`` strategy (``MirroredStrategy``), each device holds its
+own copy of every variable. Trainable and optimizer variables stay equal across devices, but
+the copies of non-trainable variables do not: BatchNorm's moving statistics are updated from
+each device's share of the batch (Keras 3 keeps them per device), and a metric's total is a
+per-device partial sum. Reading the variable gives the first device's copy (the sum, for a
+metric), which is what a plain checkpoint holds; so for a non-trainable distributed variable
+each device's copy is stored too, under ``"<key>@replica<i>"`` (a :class:`ReplicaCopy`
+entry in the same group), and assigned back to that device. A run resumed on another number
+of devices skips those keys (the copies then start from the first device's values).
+
 Nothing here runs in a background thread: collection and assignment happen on the training
 thread, between steps.
 """
@@ -27,6 +37,7 @@ import numpy as np
 from autockpt_core import AutockptError
 
 GROUPS = ("model", "optimizer", "metrics")
+REPLICA = "@replica"  # "<key>@replica<i>": device i's copy of a distributed variable
 
 
 class StateMismatchError(AutockptError, ValueError):
@@ -64,10 +75,39 @@ def unique_keys(names: Iterable[str]) -> list[str]:
     return out
 
 
+class ReplicaCopy:
+    """One device's copy of a distributed TensorFlow variable, read and assigned like a Keras
+    variable (``value``, ``shape``, ``numpy()``, ``assign()``)."""
+
+    def __init__(self, component: Any) -> None:
+        self.value = component  # a tf.Variable on one device
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.value.shape)
+
+    def numpy(self) -> Any:
+        return self.value.numpy()
+
+    def assign(self, value: Any) -> None:
+        self.value.assign(value)
+
+
+def replica_copies(variable: Any) -> list[ReplicaCopy]:
+    """Each device's copy of a non-trainable distributed variable (empty for any other)."""
+    if getattr(variable, "trainable", True):
+        return []
+    components = getattr(getattr(variable, "value", None), "values", None)  # tf.distribute values
+    if not isinstance(components, tuple) or len(components) < 2:
+        return []
+    return [ReplicaCopy(c) for c in components]
+
+
 def collect_state(model: Any, include: Sequence[str] = GROUPS) -> list[StateEntry]:
     """The model's training state as keyed entries, in a deterministic order.
 
-    A variable reachable from two groups is listed once, in the first group.
+    A variable reachable from two groups is listed once, in the first group. Each device's copy
+    of a non-trainable distributed variable follows it (see the module docstring).
     """
     seen_ids: set[int] = set()
     pairs: list[tuple[str, Any]] = []
@@ -78,7 +118,11 @@ def collect_state(model: Any, include: Sequence[str] = GROUPS) -> list[StateEntr
             seen_ids.add(id(variable))
             pairs.append((group, variable))
     keys = unique_keys(f"{group}/{variable.path}" for group, variable in pairs)
-    return [StateEntry(key, group, variable) for key, (group, variable) in zip(keys, pairs)]
+    entries = []
+    for key, (group, variable) in zip(keys, pairs):
+        entries.append(StateEntry(key, group, variable))
+        entries.extend(StateEntry(f"{key}{REPLICA}{i}", group, copy) for i, copy in enumerate(replica_copies(variable)))
+    return entries
 
 
 def _group_variables(model: Any, group: str) -> list[Any]:
@@ -146,6 +190,11 @@ def assign_state(
     plan: list[tuple[StateEntry, np.ndarray]] = []
     skipped: list[str] = []
     by_position: list[str] = []
+    # per-device copies: assigned after their variable where key and shape match, else skipped
+    copies = [e for e in entries if REPLICA in e.key]
+    entries = [e for e in entries if REPLICA not in e.key]
+    copy_keys = [k for k in ckpt_keys if REPLICA in k]
+    ckpt_keys = [k for k in ckpt_keys if REPLICA not in k]
     for group in GROUPS:
         mine = [e for e in entries if e.group == group]
         theirs = [k for k in ckpt_keys if k.split("/", 1)[0] == group]
@@ -174,6 +223,9 @@ def assign_state(
                     "checkpoint was written from, or start from an empty dirpath."
                 )
         plan.extend(pairs)
+    matched_copies = {e.key for e in copies if e.group in groups and e.key in arrays and _shape(arrays[e.key]) == e.shape}
+    plan.extend((e, arrays[e.key]) for e in copies if e.key in matched_copies)
+    skipped.extend(k for k in copy_keys if k not in matched_copies)
     if by_position:
         warnings.warn(
             f"autockpt: variable names differ from the checkpoint's in group(s) {', '.join(by_position)}; "

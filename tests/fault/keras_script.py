@@ -2,7 +2,8 @@
 
 ``python -m tests.fault.keras_script DIRPATH OUT [--baseline] [--backend tensorflow|torch]
 [--inputs arrays|pydataset|tfdata|repeat|dataloader] [--epochs N] [--every K]
-[--steps-per-epoch S] [--steps-per-execution K] [--val] [--async-persist 0|1] [--seed N]``
+[--steps-per-epoch S] [--steps-per-execution K] [--val] [--async-persist 0|1] [--seed N]
+[--strategy none|mirrored]``
 
 A small MLP with dropout and batch normalization, Adam with a per-step decaying learning
 rate, on shuffled synthetic data: 96 samples, batch 8, so 12 steps per epoch (``--inputs
@@ -16,6 +17,10 @@ repeat`` and ``--steps-per-epoch`` change how epochs cut the data). Input types:
 - ``repeat``: the same pipeline ``.repeat()``-ed, with ``steps_per_epoch`` 10 (epochs share
   one iterator and cut through the passes);
 - ``dataloader``: a torch ``DataLoader(shuffle=True)`` (any backend).
+
+``--strategy mirrored`` (TensorFlow): the model is built and trained under a
+``tf.distribute.MirroredStrategy`` over two logical CPU devices (each batch split in two);
+``OUT`` then also holds each device's copy of every variable (``<path>@device<i>``).
 
 The callback checkpoints every ``--every`` steps (dense, so faults land in every phase),
 keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
@@ -49,6 +54,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", default="none", choices=["none", "mirrored"])
     return parser.parse_args(argv)
 
 
@@ -60,6 +66,10 @@ import numpy as np  # noqa: E402
 
 if ARGS.backend == "tensorflow" or ARGS.inputs in ("tfdata", "repeat"):
     import tensorflow as tf
+
+    if ARGS.strategy == "mirrored":  # two logical CPU devices, before TensorFlow initializes
+        (_cpu,) = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -166,7 +176,12 @@ def main() -> int:
     keras.utils.set_random_seed(ARGS.seed)
     if "torch" in sys.modules:  # set_random_seed seeds torch on the torch backend only
         sys.modules["torch"].manual_seed(ARGS.seed)
-    model = make_model(ARGS.steps_per_execution)
+    if ARGS.strategy == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            model = make_model(ARGS.steps_per_execution)
+    else:
+        model = make_model(ARGS.steps_per_execution)
     x, y = make_data()
     data, kwargs = fit_inputs(x, y)
     callbacks: list[Any] = []
@@ -189,6 +204,9 @@ def main() -> int:
     with open(ARGS.out + ".logs.json", "w", encoding="utf-8") as f:
         json.dump(logs, f)
     weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.variables}
+    for v in model.variables + model.metrics_variables:  # every device's copy under a strategy
+        for i, component in enumerate(getattr(v.value, "values", ()) if ARGS.strategy != "none" else ()):
+            weights[f"{v.path}@device{i}"] = component.numpy()
     weights.update({f"optimizer/{v.path}": keras.ops.convert_to_numpy(v.value) for v in model.optimizer.variables})
     tmp = ARGS.out + ".tmp.npz"
     np.savez(tmp, **weights)
