@@ -1,15 +1,17 @@
-"""Which ``tf.distribute`` strategies the Keras callback serves, checked when ``fit()`` starts.
+"""Which ``tf.distribute`` strategies (and JAX process layouts) the Keras callback serves,
+checked when ``fit()`` starts.
 
 One process drives the whole training with the default strategy, ``OneDeviceStrategy`` and
-``MirroredStrategy`` (the devices of one machine): the callback reads every variable from
-that process (a mirrored variable's primary copy; a metric's per-device partial values
-summed) and assigns restored values to all copies, so nothing changes for them. Strategies
+``MirroredStrategy`` (the devices of one machine): the callback reads every variable in
+that process (each device's copy of the non-trainable ones, :mod:`autockpt_keras.state`)
+and assigns the restored values to every device. Strategies
 whose training spans several processes (``MultiWorkerMirroredStrategy`` with more than one
 worker, ``ParameterServerStrategy``) or a TPU are refused with an error naming the fix: every
 worker would write the same directory, and no worker agrees with the others on when to
 checkpoint or where to resume. (Keras 3.15's ``fit()`` does not run under
 ``MultiWorkerMirroredStrategy`` at all yet, keras-team/keras#20585: it fails before the first
-callback hook.)
+callback hook.) On JAX, a job that spans processes (``jax.distributed``, e.g. a Keras
+``DataParallel`` distribution over several hosts) is refused for the same reasons.
 
 Call order and threading: :func:`check_strategy` once, at the start of ``on_train_begin``,
 on the training thread, before anything is read or written.
@@ -47,8 +49,23 @@ def workers(strategy: Any) -> int:
     return max(1, sum(len(tasks) for job, tasks in spec.items() if job in ("chief", "worker")))
 
 
-def check_strategy(model: Any) -> None:
-    """Raise :class:`~autockpt_core.AutockptError` for a strategy the callback cannot serve."""
+def jax_processes() -> int:
+    """How many processes a JAX job spans (``jax.distributed``); 1 without JAX."""
+    jax = sys.modules.get("jax")
+    return int(jax.process_count()) if jax is not None else 1
+
+
+def check_strategy(model: Any, backend: str = "tensorflow") -> None:
+    """Raise :class:`~autockpt_core.AutockptError` for a setup the callback cannot serve."""
+    if backend == "jax":
+        count = jax_processes()
+        if count > 1:
+            raise AutockptError(
+                f"AutoCheckpoint runs in one process, but this JAX job spans {count} processes "
+                "(jax.distributed). Fix: train in one process (a keras.distribution over its local devices), "
+                "or checkpoint multi-process JAX jobs with keras.callbacks.BackupAndRestore or Orbax."
+            )
+        return
     strategy = model_strategy(model)
     if strategy is None:
         return

@@ -3,7 +3,7 @@
 ``python -m tests.fault.keras_script DIRPATH OUT [--baseline] [--backend tensorflow|torch]
 [--inputs arrays|pydataset|tfdata|repeat|dataloader] [--epochs N] [--every K]
 [--steps-per-epoch S] [--steps-per-execution K] [--val] [--async-persist 0|1] [--seed N]
-[--strategy none|mirrored]``
+[--strategy none|mirrored|dataparallel]``
 
 A small MLP with dropout and batch normalization, Adam with a per-step decaying learning
 rate, on shuffled synthetic data: 96 samples, batch 8, so 12 steps per epoch (``--inputs
@@ -21,6 +21,8 @@ repeat`` and ``--steps-per-epoch`` change how epochs cut the data). Input types:
 ``--strategy mirrored`` (TensorFlow): the model is built and trained under a
 ``tf.distribute.MirroredStrategy`` over two logical CPU devices (each batch split in two);
 ``OUT`` then also holds each device's copy of every variable (``<path>@device<i>``).
+``--strategy dataparallel`` (JAX): a ``keras.distribution.DataParallel`` over two CPU
+devices of this process (``--xla_force_host_platform_device_count=2``).
 
 The callback checkpoints every ``--every`` steps (dense, so faults land in every phase),
 keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
@@ -54,13 +56,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--strategy", default="none", choices=["none", "mirrored"])
+    parser.add_argument("--strategy", default="none", choices=["none", "mirrored", "dataparallel"])
     return parser.parse_args(argv)
 
 
 ARGS = _parse(sys.argv[1:] if __name__ == "__main__" else [])
 os.environ["KERAS_BACKEND"] = ARGS.backend
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if ARGS.strategy == "dataparallel":  # JAX: two CPU devices in this process
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 
 import numpy as np  # noqa: E402
 
@@ -176,6 +180,8 @@ def main() -> int:
     keras.utils.set_random_seed(ARGS.seed)
     if "torch" in sys.modules:  # set_random_seed seeds torch on the torch backend only
         sys.modules["torch"].manual_seed(ARGS.seed)
+    if ARGS.strategy == "dataparallel":
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
     if ARGS.strategy == "mirrored":
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
@@ -205,7 +211,7 @@ def main() -> int:
         json.dump(logs, f)
     weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.variables}
     for v in model.variables + model.metrics_variables:  # every device's copy under a strategy
-        for i, component in enumerate(getattr(v.value, "values", ()) if ARGS.strategy != "none" else ()):
+        for i, component in enumerate(getattr(v.value, "values", ()) if ARGS.strategy == "mirrored" else ()):
             weights[f"{v.path}@device{i}"] = component.numpy()
     weights.update({f"optimizer/{v.path}": keras.ops.convert_to_numpy(v.value) for v in model.optimizer.variables})
     tmp = ARGS.out + ".tmp.npz"

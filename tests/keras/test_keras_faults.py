@@ -214,6 +214,7 @@ SLOW_CASES = [
     # (steps_per_execution > 1 under MirroredStrategy fails in Keras 3.15 itself, without autockpt)
     ("tensorflow", "pydataset", ["--strategy", "mirrored", "--steps-per-epoch", "5", "--epochs", "7"]),
     ("jax", "arrays", ["--val"]),
+    ("jax", "arrays", ["--strategy", "dataparallel", "--val"]),  # keras.distribution over 2 CPU devices
     ("jax", "pydataset", ["--val"]),
     ("jax", "dataloader", []),
     ("jax", "tfdata", []),

@@ -1,8 +1,9 @@
-"""autockpt_keras/strategies.py: tf.distribute strategies, with real strategies and processes.
+"""autockpt_keras/strategies.py: tf.distribute strategies and JAX processes, really started.
 
 MirroredStrategy over two logical CPU devices trains, is killed and resumes bitwise exactly in
-``test_keras_faults.py`` (``--strategy mirrored``); here: the refusal of a strategy that
-spans processes, by two real workers of a MultiWorkerMirroredStrategy on 127.0.0.1.
+``test_keras_faults.py`` (``--strategy mirrored``); here: the refusal of jobs that span
+processes, by two real workers of a MultiWorkerMirroredStrategy on 127.0.0.1 and by two JAX
+processes joined by ``jax.distributed`` (gloo on 127.0.0.1) training under ``DataParallel``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 WORKER = Path(__file__).with_name("strategy_worker.py")
+JAX_WORKER = Path(__file__).with_name("jax_distributed_worker.py")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -36,11 +38,20 @@ def test_two_worker_multi_worker_mirrored_strategy_is_refused_before_anything_is
     pytest.importorskip("tensorflow")
     ports = [str(p) for p in _free_ports(2)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(i), *ports, str(tmp_path / "ckpts"), str(tmp_path / f"{i}.json")],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(2)
-    ]
+    _run_two([[str(WORKER), str(i), *ports, str(tmp_path / "ckpts"), str(tmp_path / f"{i}.json")] for i in range(2)], env)
+    for i in range(2):
+        result = json.loads((tmp_path / f"{i}.json").read_text())
+        assert result["strategy"] == "CollectiveAllReduceStrategy"  # what MultiWorkerMirroredStrategy() makes
+        error = result["error"]
+        assert error is not None and "not MultiWorkerMirroredStrategy with 2 workers" in error, error
+        assert "Fix: train in one process" in error
+        assert result["dirpath_exists"] is False  # nothing was created: no lock, no manifest
+
+
+def _run_two(argv: list[list[str]], env: dict[str, str]) -> list[str]:
+    """Start both processes, wait for both (a hang fails by timeout), return their output."""
+    procs = [subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for args in argv]
     outputs = []
     try:
         for proc in procs:
@@ -48,14 +59,23 @@ def test_two_worker_multi_worker_mirrored_strategy_is_refused_before_anything_is
     finally:
         for proc in procs:
             proc.kill()
-    for i, proc in enumerate(procs):
-        assert proc.returncode == 0, outputs[i][-3000:]
+    for proc, output in zip(procs, outputs):
+        assert proc.returncode == 0, output[-3000:]
+    return outputs
+
+
+def test_a_jax_job_over_two_processes_is_refused_at_fit_start(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    (port,) = _free_ports(1)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    _run_two([[str(JAX_WORKER), str(i), str(port), str(tmp_path / "ckpts"), str(tmp_path / f"{i}.json")]
+              for i in range(2)], env)
+    for i in range(2):
         result = json.loads((tmp_path / f"{i}.json").read_text())
-        assert result["strategy"] == "CollectiveAllReduceStrategy"  # what MultiWorkerMirroredStrategy() makes
+        assert result["processes"] == 2
         error = result["error"]
-        assert error is not None and "not MultiWorkerMirroredStrategy with 2 workers" in error, error
-        assert "Fix: train in one process" in error
-        assert result["dirpath_exists"] is False  # nothing was created: no lock, no manifest
+        assert error is not None and "spans 2 processes (jax.distributed)" in error and "Fix: train in one process" in error
+        assert result["dirpath_exists"] is False
 
 
 def test_one_process_strategies_pass_the_check() -> None:
