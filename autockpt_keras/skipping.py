@@ -33,8 +33,9 @@ class SkipSteps:
 
     ``fit()`` looks ``model.train_function`` up at every batch, so replacing it is enough.
     The callback sets :attr:`skipping` in ``on_train_batch_begin``. A skipped call draws the
-    call's batches and returns the current metric results (:func:`current_logs`): on TensorFlow the call gets the
-    iterator and draws ``steps_per_execution`` batches itself; on torch ``fit()`` already
+    call's batches and returns the current metric results (:func:`current_logs`): on TensorFlow
+    and JAX the call gets the iterator and draws ``steps_per_execution`` batches itself (on
+    JAX it also gets and returns the training state, unchanged); on torch ``fit()`` already
     drew the batch. Before its first call, ``drop`` batches of the stream (earlier epochs of
     a shared stream) are drawn and dropped. The first call that is not skipped puts the
     original function back, runs ``before_first_step`` and then the original.
@@ -84,7 +85,7 @@ class SkipSteps:
         return self.original(*args[:-1], data)
 
     def _draw(self, data: Any) -> None:
-        if isinstance(data, (list, tuple)):  # torch (and JAX): fit() already drew the batch
+        if isinstance(data, (list, tuple)):  # torch: fit() already drew the batch (TF and JAX pass the iterator)
             return
         for i in range(_steps_per_execution(self.model)):
             try:

@@ -223,7 +223,9 @@ def assign_state(
                     "checkpoint was written from, or start from an empty dirpath."
                 )
         plan.extend(pairs)
-    matched_copies = {e.key for e in copies if e.group in groups and e.key in arrays and _shape(arrays[e.key]) == e.shape}
+    matched_copies = {
+        e.key for e in copies if e.group in groups and e.key in arrays and _shape(arrays[e.key]) == e.shape
+    }
     plan.extend((e, arrays[e.key]) for e in copies if e.key in matched_copies)
     skipped.extend(k for k in copy_keys if k not in matched_copies)
     if by_position:
