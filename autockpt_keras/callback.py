@@ -289,7 +289,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
         backend = keras.backend.backend()
         self._backend = backend
-        check_strategy(self.model if backend != "jax" else self._model, backend)  # before anything is written
+        check_strategy(self.model, backend)  # before anything is written
         pinned = buffer_pool_for(backend)  # pinned buffers (torch backend with CUDA) cannot be shared
         self.session = CheckpointSession(
             self.config,

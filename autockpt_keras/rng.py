@@ -32,7 +32,7 @@ __all__ = ["capture", "restore"]
 
 def capture(backend: str) -> dict[str, Any]:
     """The state of every global generator of this process, as plain JSON."""
-    if backend == "torch" or "torch" in sys.modules:  # a torch DataLoader input on any backend
+    if "torch" in sys.modules:  # the torch backend, or a torch DataLoader input on any backend
         from autockpt_torch import rng as torch_rng
 
         state = torch_rng.capture_rng()

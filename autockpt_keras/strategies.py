@@ -24,8 +24,8 @@ from typing import Any
 
 from autockpt_core import AutockptError
 
-#: Strategies that keep the whole training in this process.
-ONE_PROCESS = ("_DefaultDistributionStrategy", "OneDeviceStrategy", "MirroredStrategy")
+#: Strategies that keep the whole training in this process (MultiWorkerMirroredStrategy: with one worker).
+ONE_PROCESS = ("_DefaultDistributionStrategy", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy")
 #: Class names under their public names (``tf.distribute.MultiWorkerMirroredStrategy`` objects
 #: are ``CollectiveAllReduceStrategy`` instances).
 PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
@@ -73,8 +73,6 @@ def check_strategy(model: Any, backend: str = "tensorflow") -> None:
     count = workers(strategy)
     if name in ONE_PROCESS and count == 1:
         return
-    if name == "MultiWorkerMirroredStrategy" and count == 1:
-        return  # one worker: the training stays in this process
     detail = f" with {count} workers" if count > 1 else ""
     raise AutockptError(
         f"AutoCheckpoint supports tf.distribute strategies that train in one process (MirroredStrategy, "
