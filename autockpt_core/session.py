@@ -52,6 +52,7 @@ import logging
 import time
 import uuid
 import weakref
+from pathlib import Path
 from typing import IO, Any, Callable, Protocol
 
 from .config import Config
@@ -65,6 +66,7 @@ from .persist import (
     read_manifest,
 )
 from .persist.directory import open_directory
+from .persist.file_set import FileSetWrite, new_staging_directory
 from .persist.mirror import Mirror
 from .persist.names import checkpoint_name
 from .persist.persist_mode import choose_persist_mode, process_can_write
@@ -104,7 +106,9 @@ class Snapshot:
     copy still in flight, if any (see :class:`PendingCopy`); ``mode`` names how the copy
     was made (for the summary, e.g. "sync", "overlap", "device"). ``portable``: the same
     write for the persist process (``Config.persist_mode``); without it the snapshot is
-    written by the writer thread.
+    written by the writer thread. ``file_set``: the checkpoint is a directory of files (a
+    sharded model: every rank writes its own, see :meth:`CheckpointSession.staging_directory`);
+    ``write`` is then not called.
     """
 
     write: Callable[[IO[bytes]], object]
@@ -113,6 +117,7 @@ class Snapshot:
     pending: PendingCopy | None = None
     mode: str | None = None
     portable: PortableWrite | None = None
+    file_set: FileSetWrite | None = None
 
 
 SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
@@ -296,6 +301,19 @@ class CheckpointSession:
             self.run = record.run
         return record
 
+    def staging_directory(self) -> Path:
+        """An empty staging directory in ``dirpath`` for the next multi-file checkpoint (a
+        sharded model's; :mod:`autockpt_core.persist.file_set`), which every rank writes into.
+
+        Training thread, before :meth:`save` (whose snapshot returns a ``Snapshot`` with a
+        ``file_set`` naming it). Waits for the in-flight persist and raises its error first, so
+        no rank starts writing for a checkpoint that then fails to be taken. Local ``dirpath``
+        only (``ValueError`` otherwise; adapters refuse such a setup at train start).
+        """
+        self.open()
+        self.writer.wait()
+        return new_staging_directory(self.storage)
+
     def path_of(self, record: CheckpointRecord) -> str:
         """Local path of a record's file (raises for remote storage)."""
         path = self.storage.local_path(record.name)
@@ -387,6 +405,7 @@ class CheckpointSession:
             run=self.run,
             ready=snap.pending.wait if snap.pending is not None else None,
             portable=snap.portable,
+            file_set=snap.file_set,
         )
         self.writer.submit(job)
         stall = self.clock() - start

@@ -4,7 +4,7 @@ The callback only maps Lightning hooks to session calls; when to checkpoint is d
 core policy. Call order (all on the training thread)::
 
     __init__            build and validate the Config (a bad value raises ConfigError here)
-    setup("fit")        check the strategy is supported (single device or DDP)
+    setup("fit")        check the strategy is supported (single device, DDP, ModelParallelStrategy)
     on_fit_start        create the session (global rank 0); install the preemption signal
                         handlers and take SIGTERM over from Lightning's signal connector
                         (signals.py: its handler would stop training before the emergency
@@ -66,13 +66,17 @@ only rank 0 copies and writes. The resume path is broadcast from rank 0. A signa
 any one rank stops every rank at the same step after one committed checkpoint; an error on
 any one rank (a persist error, a bad manifest, a failed allocation) is raised on every rank
 (:class:`~autockpt_lightning.distributed.RankFailedError` on the others, with its message).
-Limitations: sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused, since they
-write sharded checkpoints through their own save path; ``dirpath`` must be readable by every
-rank for resume. Tested on one process and on two CPU processes (gloo DDP).
+Sharded models (``ModelParallelStrategy``: FSDP2, tensor parallelism): every rank writes its own
+shards in the background through ``torch.distributed.checkpoint`` and rank 0 commits them as
+one directory (``sharded.py``); ``dirpath`` must then be a directory every rank writes.
+Limitations: ``FSDPStrategy`` (FSDP1) and DeepSpeed are refused; ``dirpath`` must be readable
+by every rank for resume. Tested on one process and on two CPU processes (gloo: DDP, and
+FSDP2 under ModelParallelStrategy).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -111,6 +115,7 @@ from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import agree, check_strategy, raise_agreed_failure, raise_if_any_failed, warn_if_slurm_requeue
 from .events import CheckpointEvent
+from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
 
 __all__ = ["AutoCheckpoint", "CheckpointEvent", "PreemptionRecord", "latest_checkpoint"]
@@ -120,6 +125,8 @@ log = logging.getLogger("autockpt")
 # Config's defaults, so the signature below shows (and jsonargparse sees) the real values
 # without restating them here.
 _DEFAULTS = CONFIG_DEFAULTS
+SHARDED_WAIT_ON_FAILURE_S = 60.0
+"""After a failure, how long a rank waits for its sharded save in flight (see _finish_session)."""
 
 
 class AutoCheckpoint(Callback):
@@ -194,6 +201,7 @@ class AutoCheckpoint(Callback):
         self._session: CheckpointSession | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
         self._warmup = BufferWarmup()  # new per fit
+        self._sharded: ShardedSave | None = None  # every rank, per fit, under a sharded strategy
         self._restore_state: dict[str, Any] | None = None  # from load_state_dict, applied in on_train_start
         self._rng_for_save: dict[int, dict[str, Any]] | None = None
         self._preemption: PreemptionHandler | None = None
@@ -237,9 +245,12 @@ class AutoCheckpoint(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             check_strategy(trainer)
+            if is_sharded(trainer):
+                check_sharded_config(self.config, self._storage)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         previous = self._session
+        self._sharded = ShardedSave() if is_sharded(trainer) else None  # a collective: every rank
         self._session = self._new_session() if trainer.is_global_zero else None
         self._warmup = BufferWarmup()
         if self._session is not None and previous is not None and trainer.global_step > 0:
@@ -302,7 +313,8 @@ class AutoCheckpoint(Callback):
                 decision = session.step_end(step, loss=self._last_loss)
             except Exception as exc:  # a background write error: every rank stops with it
                 error = exc
-            self._warmup.after_step(trainer, session.buffers)
+            if self._sharded is None:  # DCP stages sharded checkpoints into its own buffers
+                self._warmup.after_step(trainer, session.buffers)
         save = decision is not None and decision.save
         reason = decision.reason if decision is not None else ""
         signum = self._signum()
@@ -386,6 +398,10 @@ class AutoCheckpoint(Callback):
     ) -> None:
         """The weights may not change before an overlapping snapshot copy holds them
         (``snapshot_mode`` "overlap"/"device"): wait for it here (a no-op otherwise)."""
+        if self._sharded is not None:
+            start = time.perf_counter()
+            self._sharded.before_update()  # every rank's own staging copy
+            self._step_clock.add_blocked(time.perf_counter() - start)
         if self._session is not None:
             self._step_clock.add_blocked(self._session.before_update())
 
@@ -397,7 +413,8 @@ class AutoCheckpoint(Callback):
             suffix=SUFFIX,
             buffers=torch_buffer_pool(),
             storage=self._storage,
-            shared_buffers=torch_shared_pool,
+            # sharded checkpoints are written by DCP's threads on every rank, never a persist process
+            shared_buffers=torch_shared_pool if self._sharded is None else None,
             persist_modules=(WRITE_TREE.partition(":")[0],),
             gpu=torch.cuda.is_available(),
             on_checkpoint_cost=self._snapshotter.record_cost,  # snapshot_mode "auto" measures
@@ -414,11 +431,21 @@ class AutoCheckpoint(Callback):
         self._finished = True
         session = self._session
         error: BaseException | None = None
+        if self._sharded is not None:
+            # This rank's last shards written. After a failure, a rank that died would hold the
+            # others' saves in DCP's collectives until the group's timeout: wait a minute at most.
+            try:
+                self._sharded.close(timeout=None if raise_errors else SHARDED_WAIT_ON_FAILURE_S)
+            except concurrent.futures.TimeoutError:
+                log.error("autockpt: the sharded checkpoint in flight when training failed was not written")
+                session = None  # its commit waits for the same save: not waited for either
+            except Exception as exc:
+                error = exc
         if session is not None:
             try:
                 summary = session.finish()  # waits for the last persist; raises CheckpointWriteError
             except Exception as exc:
-                error = exc
+                error = error or exc
             else:
                 self._log_metrics(trainer, session)
                 if self.config.verbose and self._trained and raise_errors:
@@ -500,6 +527,11 @@ class AutoCheckpoint(Callback):
     def _save(self, trainer: pl.Trainer, step: int, reason: str, meta: dict[str, Any] | None = None) -> None:
         connector = trainer._checkpoint_connector
         session = self._session
+        if self._sharded is not None:
+            taken = self._sharded.checkpoint(trainer, session, step, reason, meta)
+            if session is not None and taken is not None:
+                self._record_event(trainer, session, step, reason, *taken)
+            return
         if session is None:  # other ranks take part in the collectives of dump_checkpoint
             connector.dump_checkpoint(weights_only=False)
             return
@@ -522,6 +554,11 @@ class AutoCheckpoint(Callback):
             return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode, portable=portable)
 
         stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
+        self._record_event(trainer, session, step, reason, stall, copied_bytes)
+
+    def _record_event(
+        self, trainer: pl.Trainer, session: CheckpointSession, step: int, reason: str, stall: float, nbytes: int
+    ) -> None:
         interval = session.last_decision.interval if session.last_decision is not None else None
         self.events.append(
             CheckpointEvent(
@@ -531,7 +568,7 @@ class AutoCheckpoint(Callback):
                 interval_steps=interval.steps if interval is not None else None,
                 interval_rule=interval.rule if interval is not None else None,
                 stall_s=stall,
-                nbytes=copied_bytes,
+                nbytes=nbytes,
             )
         )
         self._log_metrics(trainer, session)

@@ -19,7 +19,7 @@ import warnings
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
 from autockpt_core import AutockptError, ResumeNotExactWarning
 from autockpt_core.policy.rank_timing import RankTimes
@@ -32,14 +32,33 @@ class RankFailedError(AutockptError):
 def check_strategy(trainer: pl.Trainer) -> None:
     """Refuse strategies the callback cannot serve, naming the fix.
 
-    The resume route in ``on_fit_start`` needs modules restored before ``on_fit_start``, and
-    sharded strategies write through their own (sharded) save path.
+    Single-device and DDP strategies are checkpointed by rank 0; ``ModelParallelStrategy``
+    (FSDP2 ``fully_shard``, tensor parallelism) sharded, by every rank (``sharded.py``), which
+    needs its ``save_distributed_checkpoint=True`` (the default). ``FSDPStrategy`` (FSDP1) is
+    refused: its sharded state dict differs, and Lightning 2.6 runs it on GPUs only, where
+    autockpt has not been tested with it. Other strategies (DeepSpeed, ...) are refused.
     """
     strategy = trainer.strategy
+    name = type(strategy).__name__
+    if isinstance(strategy, ModelParallelStrategy):
+        if not strategy._save_distributed_checkpoint:
+            raise AutockptError(
+                f"AutoCheckpoint writes {name}'s checkpoints sharded (every rank its own shards), "
+                "but this strategy has save_distributed_checkpoint=False, which gathers the whole model "
+                f"on rank 0. Fix: {name}(save_distributed_checkpoint=True) (the default)."
+            )
+        return
+    if isinstance(strategy, FSDPStrategy):
+        raise AutockptError(
+            f"AutoCheckpoint does not support {name} (FSDP1). Fix: shard the model with FSDP2's "
+            "fully_shard in configure_model under strategy=ModelParallelStrategy(), whose checkpoints "
+            "AutoCheckpoint writes sharded (docs/distributed.md), or checkpoint with ModelCheckpoint."
+        )
     if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or strategy.restore_checkpoint_after_setup:
         raise AutockptError(
-            f"AutoCheckpoint supports single-device and DDP training, not {type(strategy).__name__}. "
-            "Fix: use strategy='ddp' (or a single device), or checkpoint sharded models with ModelCheckpoint."
+            f"AutoCheckpoint supports single-device, DDP and ModelParallelStrategy training, not {name}. "
+            "Fix: use strategy='ddp' (or a single device), ModelParallelStrategy for sharded models, "
+            "or checkpoint with ModelCheckpoint."
         )
 
 

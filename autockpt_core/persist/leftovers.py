@@ -1,8 +1,8 @@
 """What interrupted writes leave in a directory, removed when a session resumes there.
 
-- temporary files (``.autockpt-tmp-*``): a write killed before its rename;
-- orphans: checkpoint files of autockpt's own naming (``ckpt-step<9 digits>(-vN)<suffix>``)
-  that the manifest does not list: a process killed between the rename and the manifest
+- temporary files and staging directories (``.autockpt-tmp-*``): a write killed before its rename;
+- orphans: checkpoint files (or directories: a sharded model's, :mod:`.file_set`) of
+  autockpt's own naming (``ckpt-step<9 digits>(-vN)<suffix>``) that the manifest does not list: a process killed between the rename and the manifest
   write, or a file retention dropped from the manifest but could not delete.
 
 Call :func:`remove_leftovers` only while holding the directory lock (:mod:`.lock`): then no live
@@ -37,7 +37,7 @@ def remove_leftovers(storage: Storage, directory: Path, suffix: str) -> list[str
         return []
     removed = []
     for name in sorted(os.listdir(directory)):
-        if name in listed or not is_checkpoint_name(name, suffix) or not (directory / name).is_file():
+        if name in listed or not is_checkpoint_name(name, suffix) or not (directory / name).exists():
             continue
         try:
             storage.delete(name)

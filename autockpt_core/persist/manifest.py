@@ -22,6 +22,7 @@ import warnings
 from typing import Any, Callable, Iterable
 
 from .checksum import checksum_stream
+from .file_set import verify_file_set
 from .storage import Storage, WriteResult
 
 MANIFEST_NAME = "autockpt-manifest.json"
@@ -36,7 +37,9 @@ class CheckpointRecord:
 
     ``seq``: commit sequence number, 1 and up (0 only while a version 1 record is read, before
     :func:`read_manifest` numbers it). ``run``: id of the run that wrote it (None: written
-    before run ids, or by a run that continues such records).
+    before run ids, or by a run that continues such records). ``files``: a checkpoint written
+    as a directory of files (a sharded model, :mod:`.file_set`) lists each file's path inside
+    it -> [size, checksum]; None (and absent from the JSON) for a single file.
     """
 
     name: str
@@ -50,6 +53,7 @@ class CheckpointRecord:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     seq: int = 0
     run: str | None = None
+    files: dict[str, list[Any]] | None = None
 
     @classmethod
     def from_write(
@@ -75,10 +79,14 @@ class CheckpointRecord:
             meta=dict(meta or {}),
             seq=seq,
             run=run,
+            files=dict(result.files) if result.files is not None else None,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.files is None:
+            del data["files"]  # single-file records read the same by older versions
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CheckpointRecord":
@@ -171,7 +179,12 @@ def write_manifest(storage: Storage, records: Iterable[CheckpointRecord]) -> Non
 
 
 def verify(storage: Storage, record: CheckpointRecord) -> str | None:
-    """None when the file matches its record, else a reason ("missing", "size ...", ...)."""
+    """None when the file matches its record, else a reason ("missing", "size ...", ...).
+
+    A multi-file record (``files``) is verified file by file (:func:`.file_set.verify_file_set`).
+    """
+    if record.files is not None:
+        return verify_file_set(storage, record.name, record.files, record.algorithm)
     if not storage.exists(record.name):
         return "file missing"
     if record.algorithm != "crc32":

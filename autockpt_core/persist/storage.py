@@ -34,12 +34,18 @@ WRITEBACK_CHUNK = 8 * 1024 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class WriteResult:
-    """What an atomic write produced: final name, size in bytes and checksum."""
+    """What an atomic write produced: final name, size in bytes and checksum.
+
+    ``files``: for a checkpoint written as a directory of files (:mod:`.file_set`), each
+    file's path inside it -> [size, checksum]; ``size`` is then their total and ``checksum``
+    one over the list. None for a single file.
+    """
 
     name: str
     size: int
     checksum: str
     algorithm: str = ALGORITHM
+    files: dict[str, list[Any]] | None = None
 
 
 class NotDurableError(OSError):
@@ -121,22 +127,33 @@ class LocalStorage:
             except FileNotFoundError:
                 pass
             raise
+        self.sync_after_rename(name)
+        return WriteResult(name, hashing.size, hashing.hexdigest())
+
+    def sync_after_rename(self, name: str) -> None:
+        """Make the rename of ``name`` into the directory durable (fsync the directory);
+        :class:`NotDurableError` when that fails. A no-op without fsync."""
         if self._fsync:
             try:
-                _fsync_dir(self.root)
+                fsync_directory(self.root)
             except OSError as exc:
                 raise NotDurableError(exc.errno, f"{name} is in place, but fsync of {self.root} failed: {exc}") from exc
-        return WriteResult(name, hashing.size, hashing.hexdigest())
 
     def open_read(self, name: str) -> IO[bytes]:
         return open(self._path(name), "rb")
 
     def exists(self, name: str) -> bool:
-        return self._path(name).is_file()
+        """A file or a directory (a multi-file checkpoint, :mod:`.file_set`) of that name."""
+        return self._path(name).exists()
 
     def delete(self, name: str) -> None:
+        """Remove the file, or the directory with everything in it, of that name."""
+        path = self._path(name)
         try:
-            self._path(name).unlink()
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         except FileNotFoundError:
             pass
 
@@ -149,7 +166,10 @@ class LocalStorage:
         removed = 0
         for p in self.root.glob(f"{TEMP_PREFIX}*"):
             try:
-                p.unlink()
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)  # a multi-file checkpoint's staging directory
+                else:
+                    p.unlink()
                 removed += 1
             except OSError:
                 pass
@@ -375,7 +395,8 @@ _FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
 FUSE filesystems): durability is then the filesystem's; every other error is raised."""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_directory(path: Path) -> None:
+    """fsync a directory (its entries durable); a no-op where the filesystem does not support it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:

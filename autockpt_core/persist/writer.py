@@ -31,6 +31,7 @@ from typing import IO, Any, Callable
 
 from ..errors import CheckpointWriteError
 from .failures import PersistFailure
+from .file_set import FileSetWrite, commit_file_set
 from .manifest import CheckpointRecord, next_seq, read_manifest, write_manifest
 from .persist_process import PersistProcess, PersistProcessError, PortableWrite
 from .retention import retain
@@ -46,7 +47,9 @@ class PersistJob:
     ``run``: the id of the run the record belongs to (retention counts per framework and run).
     ``ready``: called first, in the writer thread (waits for a snapshot copy still in flight).
     ``portable``: the same write as something the persist process can run (used when the
-    writer has one; else ``write`` runs in the writer thread).
+    writer has one; else ``write`` runs in the writer thread). ``file_set``: the checkpoint is
+    a directory of files (a sharded model's) instead of one file: ``write`` is not called,
+    :func:`.file_set.commit_file_set` fills, verifies and renames the staging directory.
     """
 
     name: str
@@ -58,6 +61,7 @@ class PersistJob:
     run: str | None = None
     ready: Callable[[], None] | None = None
     portable: PortableWrite | None = None
+    file_set: FileSetWrite | None = None
 
 
 PersistCallback = Callable[[CheckpointRecord, float], None]
@@ -173,7 +177,9 @@ class CheckpointWriter:
         try:
             if job.ready is not None:
                 job.ready()
-            if self._process is not None and job.portable is not None and self._process.ready():
+            if job.file_set is not None:
+                result = commit_file_set(self._storage, job.file_set, job.name)
+            elif self._process is not None and job.portable is not None and self._process.ready():
                 assert isinstance(self._storage, LocalStorage)
                 result = self._process.write_atomic(self._storage, job.name, job.portable)
             else:
@@ -204,7 +210,8 @@ class CheckpointWriter:
                 return self._failure_of(stage, job, error, f"{self._storage.location} (temporary files)", removal)
             return self._failure_of(stage, job, error)
         if stage == "write" and not isinstance(error, NotDurableError):
-            return self._failure_of(stage, job, error)  # write_atomic removed its temporary file
+            # write_atomic removed its temporary file (commit_file_set its staging directory)
+            return self._failure_of(stage, job, error)
         try:
             self._storage.delete(job.name)
         except Exception as removal:  # noqa: BLE001 - any backend's error: reported in the message

@@ -12,7 +12,10 @@ Rank 0 is this process; Lightning starts rank 1 as a child process running the s
   same checkpoint's collectives);
 - ``bad-manifest``: an unreadable manifest in the checkpoint directory (only rank 0 reads it);
 - ``slow-rank1-save``: rank 1 takes 0.3 s longer inside every checkpoint (in
-  ``on_save_checkpoint``), so every rank waits for it at the checkpoint's last collective.
+  ``on_save_checkpoint``), so every rank waits for it at the checkpoint's last collective;
+- ``sharded-rank1-write-error``: the model is sharded (``ModelParallelStrategy``, FSDP2) and
+  rank 1's own shards fail to be written (ENOSPC) from the second checkpoint on, in DCP's
+  background thread; rank 0's writes succeed.
 
 Each rank writes one line ``RESULT rank=R code=C stopped=S saved=[...] error=...`` as it ends
 (C: the exit status it ends with; S: the step it stopped at after a signal; saved: rank 0's
@@ -33,9 +36,11 @@ import torch
 
 torch.set_num_threads(1)
 
+from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
+
 from autockpt_lightning import AutoCheckpoint  # noqa: E402
 from tests.faults import FailingStorage  # noqa: E402
-from tests.lightning.lightning_helpers import TinyData, TinyModel, make_trainer  # noqa: E402
+from tests.lightning.lightning_helpers import ShardedTinyModel, TinyData, TinyModel, make_trainer  # noqa: E402
 
 
 class SignalOnRank1(TinyModel):
@@ -53,6 +58,22 @@ class SlowSaveOnRank1(TinyModel):
             time.sleep(0.3)
 
 
+def fail_rank1_shard_writes_after_the_first() -> None:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    original = FileSystemWriter.write_data
+    calls = 0
+
+    def write_data(self: Any, plan: Any, planner: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls >= 2 and int(os.environ.get("LOCAL_RANK", "0")) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, plan, planner)
+
+    FileSystemWriter.write_data = write_data  # type: ignore[method-assign]
+
+
 class ArmAfterFirstCheckpoint(FailingStorage):
     def write_atomic(self, name: str, write: Any) -> Any:
         result = super().write_atomic(name, write)
@@ -65,6 +86,7 @@ def main() -> int:
     root, steps, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     model: TinyModel = TinyModel()
     storage = None
+    strategy: Any = "ddp"
     if fault.startswith("sigterm-rank1@"):
         SignalOnRank1.AT = int(fault.split("@")[1])
         model = SignalOnRank1()
@@ -87,10 +109,14 @@ def main() -> int:
         os.makedirs(root + "/ck", exist_ok=True)
         with open(root + "/ck/autockpt-manifest.json", "w") as f:
             f.write("{not json")
+    elif fault == "sharded-rank1-write-error":
+        model = ShardedTinyModel()
+        strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+        fail_rank1_shard_writes_after_the_first()
     elif fault == "persist-error":
         storage = ArmAfterFirstCheckpoint(root + "/ck", error=OSError(errno.ENOSPC, "No space left on device"))
     cb = AutoCheckpoint(root + "/ck", every_n_steps=5, verbose=True, storage=storage)
-    trainer = make_trainer(root, [cb], steps, strategy="ddp", devices=2, enable_checkpointing=False)
+    trainer = make_trainer(root, [cb], steps, strategy=strategy, devices=2, enable_checkpointing=False)
     code, error = 0, ""
     try:
         trainer.fit(model, TinyData())

@@ -69,6 +69,24 @@ def test_an_error_on_rank_0_only_stops_every_rank_with_its_message(
         assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == manifest_steps
 
 
+def test_a_sharded_write_that_fails_on_rank_1_only_stops_every_rank_with_its_message(tmp_path: Path) -> None:
+    """ModelParallelStrategy (FSDP2): rank 1's own shards of the second checkpoint fail (ENOSPC)
+    in DCP's background thread, rank 0's are written. DCP's coordinator gets every rank's result
+    before it writes ``.metadata``, so rank 0 never commits that checkpoint; every rank stops
+    with rank 1's error (whichever rank reports it first), and the first checkpoint stays newest."""
+    proc, results = run_ddp(tmp_path, 30, "sharded-rank1-write-error")
+    report = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode != 0 and sorted(results) == [0, 1], report
+    for line in results.values():
+        assert "code=1" in line and "rank 1: OSError: [Errno 28] No space left on device" in line, results
+    assert "was not written" in results[0], results
+    assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == [5]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.startswith(".autockpt-lock")) == [
+        "autockpt-manifest.json",
+        "ckpt-step000000005.ckpt",
+    ]
+
+
 def test_rank_0_profiles_the_checkpoint_stall_of_the_slowest_rank(tmp_path: Path) -> None:
     """Rank 1 spends 0.3 s more in every checkpoint; rank 0's own copy is milliseconds. The
     agreement carries each rank's blocked time, so rank 0's profiler (which sets the interval)

@@ -32,6 +32,19 @@ class TinyModel(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class ShardedTinyModel(TinyModel):
+    """TinyModel sharded by FSDP2 over the data-parallel ranks (for ``ModelParallelStrategy``)."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
+
+
 class TinyData(pl.LightningDataModule):
     """Fixed random regression data (seeded), not shuffled; ``stateful`` resumes mid-epoch."""
 

@@ -63,18 +63,34 @@ def test_ddp_two_processes_rank_zero_writes_and_both_resume(tmp_path: Path) -> N
     assert sorted(state["rng"]) == [0, 1] and state["world_size"] == 2  # every rank's generators
 
 
-def test_sharded_and_other_strategies_are_refused_naming_the_fix() -> None:
-    """Strategies the callback cannot serve (FSDP, model parallel) fail in ``setup()`` with an
-    error that names them; single-device and DDP strategies pass."""
+def test_unsupported_strategies_are_refused_naming_the_fix() -> None:
+    """Strategies the callback cannot serve fail in ``setup()`` with an error that names them
+    and the fix; single-device, DDP and ModelParallelStrategy (sharded) pass."""
     from types import SimpleNamespace
 
-    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+        SingleDeviceStrategy,
+    )
 
     from autockpt_core import AutockptError
     from autockpt_lightning.distributed import check_strategy
 
-    for strategy in (FSDPStrategy(), ModelParallelStrategy()):
-        with pytest.raises(AutockptError, match=f"not {type(strategy).__name__}. Fix: use strategy='ddp'"):
+    refused = [
+        (FSDPStrategy(), r"does not support FSDPStrategy \(FSDP1\)\. Fix: shard the model with FSDP2's fully_shard"),
+        (
+            ModelParallelStrategy(save_distributed_checkpoint=False),
+            r"save_distributed_checkpoint=False.*Fix: ModelParallelStrategy\(save_distributed_checkpoint=True\)",
+        ),
+    ]
+    class OtherStrategy:  # DeepSpeed and the like (deepspeed is not installed here)
+        pass
+
+    refused.append((OtherStrategy(), r"not OtherStrategy\. Fix: use strategy='ddp'"))
+    for strategy, message in refused:
+        with pytest.raises(AutockptError, match=message):
             check_strategy(SimpleNamespace(strategy=strategy))  # type: ignore[arg-type]
-    for strategy in (DDPStrategy(), SingleDeviceStrategy("cpu")):
+    for strategy in (DDPStrategy(), SingleDeviceStrategy("cpu"), ModelParallelStrategy()):
         check_strategy(SimpleNamespace(strategy=strategy))  # type: ignore[arg-type]

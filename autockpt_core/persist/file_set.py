@@ -1,0 +1,121 @@
+"""A checkpoint made of several files, committed as one directory (a sharded model: one file
+per rank, plus the framework's metadata), under one manifest record.
+
+Protocol (local storage only; the writer and the session drive it):
+
+1. ``new_staging_directory(storage)`` (training thread, the rank that owns the session,
+   before the snapshot): an empty ``.autockpt-tmp-<hex>`` directory in ``dirpath``, which
+   every rank writes its files into (its path is broadcast by the adapter);
+2. ``commit_file_set(storage, file_set, name)`` (writer thread): ``file_set.fill(path)``
+   first (it waits until every rank's files are written and durable, and adds its own), then
+   every file is checksummed and fsync'ed, the directory fsync'ed and renamed to ``name``,
+   and ``dirpath`` fsync'ed. The manifest record the writer then commits lists each file's
+   size and CRC-32 (:attr:`WriteResult.files`), so a resume verifies every shard, and a
+   reader never sees the directory under its final name before all of it is durable. A
+   failure removes the staging directory; every existing checkpoint stays as it was.
+
+Removal of a committed or left-over directory: ``LocalStorage.delete`` and
+``cleanup_temporaries`` take directories as well as files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+from .checksum import ALGORITHM, checksum_stream
+from .storage import TEMP_PREFIX, LocalStorage, Storage, WriteResult, fsync_directory
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSetWrite:
+    """Phase 2 of a multi-file checkpoint: ``fill(path)`` completes the staging directory
+    ``path`` (writer thread; it may wait for other ranks' writes and must raise on failure)."""
+
+    path: Path
+    fill: Callable[[Path], None]
+
+
+def new_staging_directory(storage: Storage) -> Path:
+    """An empty, uniquely named staging directory in ``storage`` (local storage only).
+
+    Raises ``ValueError`` for remote (fsspec) storage, which has no directory to rename.
+    """
+    if not isinstance(storage, LocalStorage):
+        raise ValueError(f"multi-file checkpoints need a local directory, not {storage.location}")
+    storage.root.mkdir(parents=True, exist_ok=True)
+    path = storage.root / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    return path
+
+
+def files_digest(files: dict[str, list[Any]]) -> str:
+    """One CRC-32 over the sorted (name, size, CRC-32) list: the record's ``checksum``."""
+    body = json.dumps(sorted([name, *entry] for name, entry in files.items())).encode("utf-8")
+    return f"{zlib.crc32(body) & 0xFFFFFFFF:08x}"
+
+
+def commit_file_set(storage: Storage, file_set: FileSetWrite, name: str) -> WriteResult:
+    """Fill, checksum and fsync the staging directory, then rename it to ``name`` (see above).
+
+    On failure the staging directory is removed and the error raised; after the rename, a
+    failed fsync of ``dirpath`` raises ``NotDurableError`` (the directory is in place).
+    """
+    if not isinstance(storage, LocalStorage):
+        raise ValueError(f"multi-file checkpoints need a local directory, not {storage.location}")
+    staging = file_set.path
+    final = storage.root / name
+    try:
+        file_set.fill(staging)
+        files = _checksum_and_sync(staging, storage.fsync)
+        if storage.fsync:
+            fsync_directory(staging)
+        if final.exists():
+            raise FileExistsError(f"{final} exists already; a checkpoint is never written over another")
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    storage.sync_after_rename(name)
+    return WriteResult(name, sum(size for size, _ in files.values()), files_digest(files), ALGORITHM, files)
+
+
+def _checksum_and_sync(directory: Path, fsync: bool) -> dict[str, list[Any]]:
+    """Every regular file under ``directory``: relative path -> [size, CRC-32]; each fsync'ed."""
+    files: dict[str, list[Any]] = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            digest, size = checksum_stream(f)
+            if fsync:
+                os.fsync(f.fileno())
+        files[path.relative_to(directory).as_posix()] = [size, digest]
+    for sub in sorted(p for p in directory.rglob("*") if p.is_dir()):
+        if fsync:
+            fsync_directory(sub)
+    return files
+
+
+def verify_file_set(storage: Storage, name: str, files: dict[str, list[Any]], algorithm: str) -> str | None:
+    """None when the directory ``name`` holds every listed file with its size and checksum."""
+    root = storage.local_path(name) if isinstance(storage, LocalStorage) else None
+    if root is None or not os.path.isdir(root):
+        return "directory missing"
+    if algorithm != ALGORITHM:
+        return f"unknown checksum algorithm {algorithm!r}"
+    for relative, (size, digest) in sorted(files.items()):
+        path = os.path.join(root, relative)
+        if not os.path.isfile(path):
+            return f"file {relative} missing"
+        with open(path, "rb") as f:
+            found, found_size = checksum_stream(f)
+        if found_size != size:
+            return f"{relative}: size {found_size} != {size} in manifest (truncated or torn file)"
+        if found != digest:
+            return f"{relative}: checksum {found} != {digest} in manifest (corrupt file)"
+    return None

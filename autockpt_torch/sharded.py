@@ -1,0 +1,146 @@
+"""One rank's part of a sharded checkpoint: ``torch.distributed.checkpoint.async_save`` of its
+shards into a directory every rank shares, staged into host buffers that are reused from one
+checkpoint to the next.
+
+Call order (training thread, every rank, together):
+
+- ``ShardedWriter()`` once per fit (a collective: it creates the gloo group the background
+  saves coordinate over, so they never interleave with training's collectives on the
+  default group);
+- ``save(state, directory)`` at a checkpoint: waits for this rank's previous save, then
+  stages ``state`` (a copy into the stager's cached buffers: pinned on CUDA; on a background
+  thread) and writes its shards and, on the coordinator, DCP's ``.metadata`` in a background
+  thread (fsync'ed, ``FileSystemWriter(sync_files=True)``). The coordinator's save completes
+  only after every rank's files are written: DCP gathers every rank's write results before
+  it writes ``.metadata``;
+- ``wait_staged()`` before the next optimizer step (the staging copy reads the live tensors);
+- ``wait_written()`` before anything that needs the files (raises the save's error here);
+- ``close()`` at the end of the fit (waits, then frees the staging buffers and destroys the
+  group it created).
+
+Where torch has no ``DefaultStager`` (before 2.9) the save stages synchronously through
+DCP's own default, with no reuse of buffers.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from autockpt_core import CheckpointWriteError
+
+
+def _reusing_stager() -> Any | None:
+    """DCP's ``DefaultStager``, caching its staging storages between saves (None where absent)."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    except ImportError:  # pragma: no cover - torch < 2.9
+        return None
+    cuda = torch.cuda.is_available()
+    # pinned memory and non-blocking copies need CUDA; shared memory is for a saver process
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+        )
+    )
+
+
+def _plain_errors(future: Future[Any], directory: Path) -> Future[Any]:
+    """``future``, with DCP's ``CheckpointException`` (a ``BaseException``, which ``except
+    Exception`` would let through) turned into a :class:`CheckpointWriteError` naming each
+    failed rank's error."""
+    out: Future[Any] = Future()
+
+    def settle(done: Future[Any]) -> None:
+        try:
+            out.set_result(done.result())
+        except CheckpointException as exc:
+            failed = {rank: e[0] if isinstance(e, tuple) else e for rank, e in exc.failures.items()}  # (error, frames)
+            failures = "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, e in sorted(failed.items()))
+            error = CheckpointWriteError(f"the sharded checkpoint in {directory} was not written: {failures}")
+            error.__cause__ = exc
+            out.set_exception(error)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+            out.set_exception(exc)
+
+    future.add_done_callback(settle)
+    return out
+
+
+class ShardedWriter:
+    """See the module docstring. ``group``: the process group the saves coordinate over
+    (default: a new gloo group of every rank; creating it is a collective)."""
+
+    def __init__(self, group: Any | None = None) -> None:
+        self._owns_group = group is None
+        self._group = group if group is not None else dist.new_group(backend="gloo")
+        self._stager = _reusing_stager()
+        self._staged: Future[Any] | None = None
+        self._written: Future[Any] | None = None
+        self.saves = 0
+
+    @property
+    def reuses_buffers(self) -> bool:
+        """Whether staging buffers are kept between saves (torch's ``DefaultStager``)."""
+        return self._stager is not None
+
+    def save(self, state: dict[str, Any], directory: Path) -> Future[Any]:
+        """Start this rank's save of ``state`` into ``directory`` (all ranks, same directory).
+
+        Returns the future of the write (on the coordinator, rank 0 of the group, it completes
+        once every rank's files and ``.metadata`` are written).
+        """
+        self.wait_written()
+        writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)
+        kwargs: dict[str, Any] = {"storage_writer": writer, "process_group": self._group}
+        if self._stager is not None:
+            kwargs["async_stager"] = self._stager
+        response = dcp.async_save(state, **kwargs)
+        staged = getattr(response, "staging_completion", None)
+        self._staged = staged
+        written = _plain_errors(getattr(response, "upload_completion", response), directory)
+        self._written = written
+        self.saves += 1
+        return written
+
+    def wait_staged(self) -> None:
+        """Block until the staging copy of the newest save is done (before tensors change)."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            staged.result()
+
+    def wait_written(self, timeout: float | None = None) -> None:
+        """Block until this rank's newest save is written; raise its error (once): a
+        :class:`~autockpt_core.CheckpointWriteError` naming every failed rank's error."""
+        self.wait_staged()
+        written = self._written
+        if written is None:
+            return
+        try:
+            written.result(timeout)
+        finally:
+            if written.done():
+                self._written = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._written is not None and not self._written.done()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the newest save (raising its error; ``concurrent.futures.TimeoutError``
+        after ``timeout`` seconds), then free the staging buffers."""
+        try:
+            self.wait_written(timeout)
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self._owns_group and self._group is not None and not self.in_flight and dist.is_initialized():
+                dist.destroy_process_group(self._group)  # no save in flight uses it any more
+                self._group = None

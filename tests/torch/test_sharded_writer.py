@@ -1,0 +1,107 @@
+"""``ShardedWriter``: DCP's asynchronous save of one rank's shards, staged into buffers reused
+between checkpoints. One process (a gloo group of 1) with an FSDP2 model; the two-rank case
+runs in tests/fault/test_lightning_faults.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+from autockpt_core import CheckpointWriteError
+from autockpt_torch.sharded import ShardedWriter
+
+OPTIONS = StateDictOptions(cpu_offload=True)
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Any]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(3, 16)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def state_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return {
+        "state_dict": get_model_state_dict(model, options=OPTIONS),
+        "optimizer_0": get_optimizer_state_dict(model, optimizer, options=OPTIONS),
+    }
+
+
+def loaded_weights(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    target = {"state_dict": get_model_state_dict(model, options=OPTIONS)}
+    target = {"state_dict": {k: torch.zeros_like(v) for k, v in target["state_dict"].items()}}
+    dcp.load(target, checkpoint_id=path)
+    return {k: v.full_tensor().clone() for k, v in target["state_dict"].items()}
+
+
+def test_the_save_holds_the_weights_of_the_step_even_when_they_change_after_staging(group: Any, tmp_path: Path) -> None:
+    model, optimizer = sharded_model()
+    writer = ShardedWriter(group)
+    before = {k: v.full_tensor().clone() for k, v in get_model_state_dict(model).items()}
+    writer.save(state_of(model, optimizer), tmp_path / "a")
+    writer.wait_staged()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the next optimizer step, after the staging copy
+    writer.close()
+    saved = loaded_weights(model, tmp_path / "a")
+    assert saved.keys() == before.keys()
+    for name in before:
+        assert torch.equal(saved[name], before[name]), name
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".metadata", "__0_0.distcp"]
+
+
+def test_staging_buffers_are_reused_from_one_checkpoint_to_the_next(group: Any, tmp_path: Path) -> None:
+    model, optimizer = sharded_model()
+    writer = ShardedWriter(group)
+    if not writer.reuses_buffers:  # pragma: no cover - torch < 2.9
+        pytest.skip("this torch has no DefaultStager")
+    buffers = []
+    for i in range(3):
+        writer.save(state_of(model, optimizer), tmp_path / f"c{i}")
+        writer.wait_written()
+        # torch's StateDictStager keeps one staging storage per source storage (private API,
+        # read only here): the same storages at every save mean nothing was allocated again.
+        cached = writer._stager._state_dict_stager._cached_storage_mapping  # type: ignore[union-attr]
+        buffers.append(sorted(s.data_ptr() for s in cached.values()))
+        optimizer.step()
+    writer.close()
+    assert len(buffers[0]) >= 6 and buffers[0] == buffers[1] == buffers[2]
+
+
+def test_a_failed_write_is_raised_by_the_next_wait_and_only_once(group: Any, tmp_path: Path) -> None:
+    model, optimizer = sharded_model()
+    writer = ShardedWriter(group)
+    (tmp_path / "taken").write_bytes(b"a file where the directory should be")
+    writer.save(state_of(model, optimizer), tmp_path / "taken")
+    # DCP's CheckpointException is a BaseException: it comes out as an ordinary error naming the rank
+    with pytest.raises(CheckpointWriteError, match=r"in .*taken was not written: rank 0: FileExistsError"):
+        writer.wait_written()
+    writer.wait_written()  # raised once
+    writer.save(state_of(model, optimizer), tmp_path / "next")
+    writer.close()
+    assert (tmp_path / "next" / ".metadata").is_file()
