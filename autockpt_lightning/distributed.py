@@ -25,6 +25,10 @@ from autockpt_core import AutockptError, ResumeNotExactWarning
 from autockpt_core.policy.rank_timing import RankTimes
 
 
+AGREED = "_autockpt_agreed"
+"""Attribute set on an error every rank raises after one agreement (see raise_if_any_failed)."""
+
+
 class RankFailedError(AutockptError):
     """Raised on every rank of a distributed fit when another rank failed (its message inside)."""
 
@@ -128,6 +132,8 @@ def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> Non
         if error is not None:
             raise error
         return
+    if error is not None and getattr(error, AGREED, False):
+        raise error  # every rank raised from the same agreement already: no second round
     failed_rank = agree(trainer, failed=error is not None).failed_rank
     raise_agreed_failure(trainer, failed_rank, error)
 
@@ -138,9 +144,10 @@ def raise_agreed_failure(trainer: pl.Trainer, failed_rank: int | None, error: Ba
         return
     message = f"{type(error).__name__}: {error}" if error is not None else None
     message = trainer.strategy.broadcast(message, src=failed_rank)
-    if error is not None and trainer.global_rank == failed_rank:
-        raise error
-    raise RankFailedError(f"autockpt: rank {failed_rank} stopped training, so every rank stops: {message}")
+    if error is None or trainer.global_rank != failed_rank:
+        error = RankFailedError(f"autockpt: rank {failed_rank} stopped training, so every rank stops: {message}")
+    setattr(error, AGREED, True)  # every rank raises one: a later raise_if_any_failed passes it on as it is
+    raise error
 
 
 def warn_if_slurm_requeue(trainer: pl.Trainer) -> None:

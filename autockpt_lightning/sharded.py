@@ -18,9 +18,10 @@ Call order (training thread, every rank, together), from :class:`AutoCheckpoint`
   directory and broadcasts its path, every rank runs ``dump_checkpoint`` and starts its
   asynchronous save (:class:`~autockpt_torch.sharded.ShardedWriter`); rank 0 hands the
   session a snapshot whose ``file_set`` the writer thread completes: it waits until DCP's
-  coordinator has every rank's results (so every shard is written and fsync'ed), writes
-  ``meta.pt``, checksums every file and renames the directory into place; then the manifest
-  record is committed, and only then does retention delete older checkpoints;
+  coordinator has every rank's results (so every shard is written and fsync'ed, and each
+  rank's listing of its files' checksums is in place), writes ``meta.pt``, checksums the files
+  no listing covers and renames the directory into place; then the manifest record is
+  committed, and only then does retention delete older checkpoints;
 - ``before_update()`` before every optimizer step: the staging copy of this rank's shards must
   be done before the tensors change;
 - ``close()`` when the fit ends: this rank's last save written (error raised).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,8 +42,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from autockpt_core import CheckpointSession, Config, ConfigError, Snapshot, Storage
 from autockpt_core.persist import LocalStorage
-from autockpt_core.persist.file_set import FileSetWrite
-from autockpt_torch.sharded import ShardedWriter
+from autockpt_core.persist.file_set import Checksums, FileSetWrite
+from autockpt_torch.sharded import ShardedWriter, read_listings
 
 from .distributed import raise_if_any_failed
 
@@ -143,27 +145,24 @@ class ShardedSave:
             error = exc
         raise_if_any_failed(trainer, error)  # no rank starts a save the others will not join
         path = Path(trainer.strategy.broadcast(str(staging) if staging is not None else None, src=0))
-        connector = trainer._checkpoint_connector
         if session is None:
-            tensors, _ = split_checkpoint(connector.dump_checkpoint(weights_only=False))
-            self.writer.save(tensors, path)
+            self.writer.save(self._dump(trainer)[0], path)
             return None
         nbytes = 0
 
         def snapshot(buffers: Any) -> Snapshot:
             nonlocal nbytes
-            tensors, rest = split_checkpoint(connector.dump_checkpoint(weights_only=False))
-            metadata = io.BytesIO()
-            torch.save(rest, metadata)  # small (no model or optimizer tensors); the dict is live
+            tensors, metadata = self._dump(trainer)
             written = self.writer.save(tensors, path)
             nbytes = local_bytes(tensors)
 
-            def fill(directory: Path) -> None:
-                written.result()  # every rank's shards and DCP's .metadata are written and fsync'ed
+            def fill(directory: Path) -> Checksums:
+                written.result()  # every rank's shards, listings and DCP's .metadata are written and fsync'ed
                 with open(directory / _METADATA_FILENAME, "xb") as f:
                     f.write(metadata.getbuffer())
                     f.flush()
                     os.fsync(f.fileno())
+                return read_listings(directory)  # each rank checksummed its own files
 
             return Snapshot(
                 write=_unused_write,
@@ -173,8 +172,33 @@ class ShardedSave:
                 file_set=FileSetWrite(path, fill),
             )
 
-        stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
+        try:
+            stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
+        except BaseException:
+            if not self.writer.in_flight:  # no rank started a save into it (see _dump)
+                shutil.rmtree(path, ignore_errors=True)
+            raise
         return stall, nbytes
+
+    @staticmethod
+    def _dump(trainer: pl.Trainer) -> tuple[dict[str, Any], io.BytesIO]:
+        """``dump_checkpoint`` on every rank: (what DCP writes, ``meta.pt``'s bytes on rank 0).
+
+        A failure on any rank is raised on every rank before any rank starts its save: a save
+        one rank never joins would hold the others' background threads in DCP's collectives
+        until the group's timeout.
+        """
+        error: BaseException | None = None
+        tensors: dict[str, Any] = {}
+        metadata = io.BytesIO()
+        try:
+            tensors, rest = split_checkpoint(trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
+            if trainer.is_global_zero:
+                torch.save(rest, metadata)  # small (no model or optimizer tensors); the dict is live
+        except Exception as exc:
+            error = exc
+        raise_if_any_failed(trainer, error)
+        return tensors, metadata
 
     def before_update(self) -> None:
         """Before an optimizer step (every rank): the staging copy of the newest save is done."""

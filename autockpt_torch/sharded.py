@@ -10,9 +10,10 @@ Call order (training thread, every rank, together):
 - ``save(state, directory)`` at a checkpoint: waits for this rank's previous save, then
   stages ``state`` (a copy into the stager's cached buffers: pinned on CUDA; on a background
   thread) and writes its shards and, on the coordinator, DCP's ``.metadata`` in a background
-  thread (fsync'ed, ``FileSystemWriter(sync_files=True)``). The coordinator's save completes
-  only after every rank's files are written: DCP gathers every rank's write results before
-  it writes ``.metadata``;
+  thread (fsync'ed, ``FileSystemWriter(sync_files=True)``), then checksums them into its
+  listing (:data:`LISTING`). The coordinator's save completes only after every rank's files
+  and listing are written: DCP gathers every rank's write results before it writes
+  ``.metadata``;
 - ``wait_staged()`` before the next optimizer step (the staging copy reads the live tensors);
 - ``wait_written()`` before anything that needs the files (raises the save's error here);
 - ``close()`` at the end of the fit (waits, then frees the staging buffers and destroys the
@@ -24,6 +25,8 @@ DCP's own default, with no reuse of buffers.
 
 from __future__ import annotations
 
+import json
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from autockpt_core import CheckpointWriteError
+from autockpt_core.persist.checksum import checksum_stream
 
 
 def _reusing_stager() -> Any | None:
@@ -73,6 +77,48 @@ def _plain_errors(future: Future[Any], directory: Path) -> Future[Any]:
     return out
 
 
+LISTING = ".autockpt-files-rank{rank}.json"
+"""Each rank's listing of the files it wrote into a checkpoint directory: name -> [size, CRC-32]."""
+
+
+class _ListingFileSystemWriter(dcp.FileSystemWriter):
+    """DCP's ``FileSystemWriter`` that, once this rank's files are written and fsync'ed (in
+    ``write_data``, DCP's background thread), checksums them (reading them back while they
+    are still in the page cache) and writes their sizes and CRC-32 to this rank's
+    :data:`LISTING`, fsync'ed. DCP's coordinator writes ``.metadata`` only after every rank's
+    ``write_data`` returned, so once its save completes every rank's listing is in place: the
+    commit then checksums only the files no listing covers (:func:`read_listings`) instead of
+    reading every rank's files on one rank."""
+
+    def __init__(self, path: Path, rank: int, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self._directory = Path(path)
+        self._rank = rank
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)  # completed: FileSystemWriter writes synchronously
+        names = sorted({result.storage_data.relative_path for result in future.wait()})
+        files: dict[str, list[Any]] = {}
+        for name in names:
+            with open(self._directory / name, "rb") as f:
+                digest, size = checksum_stream(f)
+            files[name] = [size, digest]
+        listing = self._directory / LISTING.format(rank=self._rank)
+        with open(listing, "w") as f:
+            json.dump(files, f)
+            f.flush()
+            os.fsync(f.fileno())
+        return future
+
+
+def read_listings(directory: Path) -> dict[str, list[Any]]:
+    """Every rank's :data:`LISTING` in ``directory``, merged: file name -> [size, CRC-32]."""
+    files: dict[str, list[Any]] = {}
+    for listing in sorted(directory.glob(LISTING.format(rank="*"))):
+        files.update(json.loads(listing.read_text()))
+    return files
+
+
 class ShardedWriter:
     """See the module docstring. ``group``: the process group the saves coordinate over
     (default: a new gloo group of every rank; creating it is a collective)."""
@@ -97,7 +143,8 @@ class ShardedWriter:
         once every rank's files and ``.metadata`` are written).
         """
         self.wait_written()
-        writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        writer = _ListingFileSystemWriter(directory, rank, single_file_per_rank=True, sync_files=True)
         kwargs: dict[str, Any] = {"storage_writer": writer, "process_group": self._group}
         if self._stager is not None:
             kwargs["async_stager"] = self._stager

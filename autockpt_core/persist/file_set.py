@@ -7,8 +7,9 @@ Protocol (local storage only; the writer and the session drive it):
    before the snapshot): an empty ``.autockpt-tmp-<hex>`` directory in ``dirpath``, which
    every rank writes its files into (its path is broadcast by the adapter);
 2. ``commit_file_set(storage, file_set, name)`` (writer thread): ``file_set.fill(path)``
-   first (it waits until every rank's files are written and durable, and adds its own), then
-   every file is checksummed and fsync'ed, the directory fsync'ed and renamed to ``name``,
+   first (it waits until every rank's files are written and durable, adds its own, and may
+   return the checksums the ranks computed of their files), then every other file is
+   checksummed and fsync'ed, the directory fsync'ed and renamed to ``name``,
    and ``dirpath`` fsync'ed. The manifest record the writer then commits lists each file's
    size and CRC-32 (:attr:`WriteResult.files`), so a resume verifies every shard, and a
    reader never sees the directory under its final name before all of it is durable. A
@@ -27,19 +28,27 @@ import shutil
 import uuid
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from .checksum import ALGORITHM, checksum_stream
 from .storage import TEMP_PREFIX, LocalStorage, Storage, WriteResult, fsync_directory
 
 
+Checksums = Mapping[str, Sequence[Any]]
+"""File path inside the directory -> [size, CRC-32], as the writers of those files computed them."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FileSetWrite:
     """Phase 2 of a multi-file checkpoint: ``fill(path)`` completes the staging directory
-    ``path`` (writer thread; it may wait for other ranks' writes and must raise on failure)."""
+    ``path`` (writer thread; it may wait for other ranks' writes and must raise on failure).
+
+    ``fill`` may return the checksums of files it knows (each rank's writer computed its
+    own, and made those files durable); the commit then reads only the other files (a file
+    whose size differs from its entry is read too)."""
 
     path: Path
-    fill: Callable[[Path], None]
+    fill: Callable[[Path], Checksums | None]
 
 
 def new_staging_directory(storage: Storage) -> Path:
@@ -72,8 +81,8 @@ def commit_file_set(storage: Storage, file_set: FileSetWrite, name: str) -> Writ
     staging = file_set.path
     final = storage.root / name
     try:
-        file_set.fill(staging)
-        files = _checksum_and_sync(staging, storage.fsync)
+        known = file_set.fill(staging) or {}
+        files = _checksum_and_sync(staging, storage.fsync, known)
         if storage.fsync:
             fsync_directory(staging)
         if final.exists():
@@ -86,15 +95,22 @@ def commit_file_set(storage: Storage, file_set: FileSetWrite, name: str) -> Writ
     return WriteResult(name, sum(size for size, _ in files.values()), files_digest(files), ALGORITHM, files)
 
 
-def _checksum_and_sync(directory: Path, fsync: bool) -> dict[str, list[Any]]:
-    """Every regular file under ``directory``: relative path -> [size, CRC-32]; each fsync'ed."""
+def _checksum_and_sync(directory: Path, fsync: bool, known: Checksums) -> dict[str, list[Any]]:
+    """Every regular file under ``directory``: relative path -> [size, CRC-32]. A file in
+    ``known`` with the size given there keeps its entry (its writer checksummed and fsync'ed
+    it); every other file is read, checksummed and fsync'ed here."""
     files: dict[str, list[Any]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        relative = path.relative_to(directory).as_posix()
+        entry = known.get(relative)
+        if entry is not None and len(entry) == 2 and entry[0] == path.stat().st_size:
+            files[relative] = [int(entry[0]), str(entry[1])]
+            continue
         with open(path, "rb") as f:
             digest, size = checksum_stream(f)
             if fsync:
                 os.fsync(f.fileno())
-        files[path.relative_to(directory).as_posix()] = [size, digest]
+        files[relative] = [size, digest]
     for sub in sorted(p for p in directory.rglob("*") if p.is_dir()):
         if fsync:
             fsync_directory(sub)

@@ -15,7 +15,9 @@ Rank 0 is this process; Lightning starts rank 1 as a child process running the s
   ``on_save_checkpoint``), so every rank waits for it at the checkpoint's last collective;
 - ``sharded-rank1-write-error``: the model is sharded (``ModelParallelStrategy``, FSDP2) and
   rank 1's own shards fail to be written (ENOSPC) from the second checkpoint on, in DCP's
-  background thread; rank 0's writes succeed.
+  background thread; rank 0's writes succeed;
+- ``sharded-snapshot-oom``: the model is sharded, and rank 0's second ``dump_checkpoint``
+  raises ``MemoryError`` (rank 1's succeeds: no rank may start its save alone).
 
 Each rank writes one line ``RESULT rank=R code=C stopped=S saved=[...] error=...`` as it ends
 (C: the exit status it ends with; S: the step it stopped at after a signal; saved: rank 0's
@@ -113,6 +115,20 @@ def main() -> int:
         model = ShardedTinyModel()
         strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
         fail_rank1_shard_writes_after_the_first()
+    elif fault == "sharded-snapshot-oom":
+        model = ShardedTinyModel()
+        strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+        import autockpt_lightning.sharded as sharded_module
+
+        split, calls = sharded_module.split_checkpoint, []
+
+        def split_or_fail(checkpoint: dict[str, Any]) -> Any:
+            calls.append(1)
+            if len(calls) == 2 and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+                raise MemoryError("cannot allocate the snapshot (simulated)")
+            return split(checkpoint)
+
+        sharded_module.split_checkpoint = split_or_fail  # type: ignore[assignment]
     elif fault == "persist-error":
         storage = ArmAfterFirstCheckpoint(root + "/ck", error=OSError(errno.ENOSPC, "No space left on device"))
     cb = AutoCheckpoint(root + "/ck", every_n_steps=5, verbose=True, storage=storage)

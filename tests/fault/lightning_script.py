@@ -195,9 +195,10 @@ def report_sharded_persist() -> None:
     from autockpt_core.persist.file_set import FileSetWrite, commit_file_set
 
     def commit_with_fault(storage: Any, file_set: FileSetWrite, name: str) -> Any:
-        def fill(path: Any) -> None:
-            file_set.fill(path)
+        def fill(path: Any) -> Any:
+            known = file_set.fill(path)
             PLAN.hit("persist", name=name)
+            return known
 
         return commit_file_set(storage, FileSetWrite(file_set.path, fill), name)
 

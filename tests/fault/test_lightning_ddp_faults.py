@@ -54,6 +54,9 @@ def test_sigterm_on_rank_1_only_stops_both_ranks_at_one_committed_step(tmp_path:
         ("bad-manifest", 10, ("cannot read autockpt-manifest.json",), "cannot read autockpt-manifest.json", None),
         # rank 0's second snapshot fails while rank 1 is in the same checkpoint's collectives
         ("snapshot-oom", 30, ("MemoryError: cannot allocate the snapshot buffers",), "MemoryError", [5]),
+        # a sharded model: rank 0's second dump fails; rank 1 must not start a save of its own
+        # (its background thread would wait in DCP's collectives for rank 0 until the timeout)
+        ("sharded-snapshot-oom", 30, ("MemoryError: cannot allocate the snapshot",), "MemoryError", [5]),
     ],
 )
 def test_an_error_on_rank_0_only_stops_every_rank_with_its_message(
@@ -67,6 +70,7 @@ def test_an_error_on_rank_0_only_stops_every_rank_with_its_message(
     assert rank1 in results[1], results
     if manifest_steps is not None:
         assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == manifest_steps
+        assert not list((tmp_path / "ck").glob(".autockpt-tmp*"))  # nothing of the failed checkpoint
 
 
 def test_a_sharded_write_that_fails_on_rank_1_only_stops_every_rank_with_its_message(tmp_path: Path) -> None:

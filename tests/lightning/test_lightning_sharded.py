@@ -70,7 +70,14 @@ def test_every_rank_writes_its_shards_and_lightning_loads_the_directory(tmp_path
     assert [r.step for r in records] == [10, 12, 14]  # keep_last=3 (the default)
     newest = records[-1]
     assert (tmp_path / "ck" / newest.name).is_dir()
-    assert sorted(newest.files or {}) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+    assert sorted(newest.files or {}) == [
+        ".autockpt-files-rank0.json",  # each rank's checksums of its own files
+        ".autockpt-files-rank1.json",
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.pt",
+    ]
     # Lightning's own loader (ModelParallelStrategy.load_checkpoint) takes the directory
     assert run(16, "lightning") == {"RESULT rank=0 start=14 saved=[]", "RESULT rank=1 start=14 saved=[]"}
     # autockpt inspect verifies every file of every record

@@ -14,7 +14,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from autockpt_core import CheckpointWriteError
-from autockpt_torch.sharded import ShardedWriter
+from autockpt_core.persist.checksum import checksum_stream
+from autockpt_torch.sharded import ShardedWriter, read_listings
 
 OPTIONS = StateDictOptions(cpu_offload=True)
 
@@ -72,7 +73,11 @@ def test_the_save_holds_the_weights_of_the_step_even_when_they_change_after_stag
     assert saved.keys() == before.keys()
     for name in before:
         assert torch.equal(saved[name], before[name]), name
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".metadata", "__0_0.distcp"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".autockpt-files-rank0.json", ".metadata", "__0_0.distcp"]
+    # this rank's listing: its file's size and CRC-32, as a fresh read of the file gives them
+    with open(tmp_path / "a" / "__0_0.distcp", "rb") as f:
+        digest, size = checksum_stream(f)
+    assert read_listings(tmp_path / "a") == {"__0_0.distcp": [size, digest]}
 
 
 def test_staging_buffers_are_reused_from_one_checkpoint_to_the_next(group: Any, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ retained and cleaned up as whole directories."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Callable
 import pytest
 
 from autockpt_core import CheckpointSession, CheckpointWriteError, Config, Snapshot, find_latest_valid, read_manifest
-from autockpt_core.persist import LocalStorage, verify
+from autockpt_core.persist import CheckpointRecord, LocalStorage, verify
 from autockpt_core.persist.file_set import FileSetWrite, commit_file_set, files_digest, new_staging_directory
 from autockpt_core.persist.manifest import MANIFEST_NAME
 from autockpt_core.persist.storage import TEMP_PREFIX
@@ -182,3 +183,28 @@ def test_file_set_files_are_fsynced_in_place(tmp_path: Path, monkeypatch: pytest
     staging = new_staging_directory(storage)
     commit_file_set(storage, FileSetWrite(staging, fill_with(SHARDS)), "ckpt-step000000001.ckpt")
     assert len(synced) >= len(SHARDS) + 2  # the files, the directory, dirpath
+
+
+def test_checksums_the_writers_computed_are_taken_and_only_other_files_are_read(tmp_path: Path) -> None:
+    """Each rank checksums its own files: the commit takes those entries (a size that does not
+    match the file on disk is not trusted: that file is read), and reads the rest."""
+    storage = LocalStorage(tmp_path)
+    staging = new_staging_directory(storage)
+
+    def fill(path: Path) -> dict[str, list[object]]:
+        fill_with(SHARDS)(path)
+        return {
+            "__0_0.distcp": [len(SHARDS["__0_0.distcp"]), "0badc0de"],  # taken as given: not read
+            "__1_0.distcp": [1, "0badc0de"],  # wrong size: read and checksummed here
+        }
+
+    result = commit_file_set(storage, FileSetWrite(staging, fill), "ckpt-step000000001.ckpt")
+    files = result.files or {}
+    assert files["__0_0.distcp"] == [9, "0badc0de"]
+    assert files["__1_0.distcp"][1] != "0badc0de" and files["__1_0.distcp"][0] == 10
+    fresh = {name: entry for name, entry in files.items() if name != "__0_0.distcp"}
+    assert verify(storage, dataclasses.replace(record_of(result), files=fresh)) is None
+
+
+def record_of(result: object) -> CheckpointRecord:
+    return CheckpointRecord.from_write(result, step=1, epoch=0, framework="t")  # type: ignore[arg-type]
