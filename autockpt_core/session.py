@@ -22,6 +22,10 @@ Adapters only translate framework hooks into these calls (training thread, in th
    preemption): ``snapshot(buffers)`` copies the live state into the session's reusable
    buffers and returns a :class:`Snapshot`; the session measures the stall and hands the
    snapshot to the background writer.
+4a. A checkpoint written by several processes (a sharded model: each rank its own files):
+   ``staging_directory()`` first, whose path the adapter hands to every rank; the snapshot
+   then returns ``Snapshot(file_set=...)``, and the writer commits the directory as one
+   record (``autockpt_core.persist.file_set``). Local ``dirpath`` only.
 4b. ``before_update()`` right before every optimizer step, when the adapter lets part of
    the copy overlap the next step (``Snapshot.pending``): it makes that step wait for the
    copy (CheckFreq's rule: the weights may not change before the snapshot holds them). The

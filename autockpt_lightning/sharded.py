@@ -148,12 +148,13 @@ class ShardedSave:
         if session is None:
             self.writer.save(self._dump(trainer)[0], path)
             return None
-        nbytes = 0
+        nbytes, started = 0, False
 
         def snapshot(buffers: Any) -> Snapshot:
-            nonlocal nbytes
+            nonlocal nbytes, started
             tensors, metadata = self._dump(trainer)
             written = self.writer.save(tensors, path)
+            started = True
             nbytes = local_bytes(tensors)
 
             def fill(directory: Path) -> Checksums:
@@ -175,7 +176,7 @@ class ShardedSave:
         try:
             stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
         except BaseException:
-            if not self.writer.in_flight:  # no rank started a save into it (see _dump)
+            if not started:  # no rank started a save into it (see _dump)
                 shutil.rmtree(path, ignore_errors=True)
             raise
         return stall, nbytes

@@ -19,7 +19,7 @@ Call order (training thread, every rank, together):
 - ``close()`` at the end of the fit (waits, then frees the staging buffers and destroys the
   group it created).
 
-Where torch has no ``DefaultStager`` (before 2.9) the save stages synchronously through
+Where torch has no ``DefaultStager`` (older releases) the save stages synchronously through
 DCP's own default, with no reuse of buffers.
 """
 
@@ -44,7 +44,7 @@ def _reusing_stager() -> Any | None:
     """DCP's ``DefaultStager``, caching its staging storages between saves (None where absent)."""
     try:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    except ImportError:  # pragma: no cover - torch < 2.9
+    except ImportError:  # pragma: no cover - older torch
         return None
     cuda = torch.cuda.is_available()
     # pinned memory and non-blocking copies need CUDA; shared memory is for a saver process

@@ -83,7 +83,7 @@ def test_the_save_holds_the_weights_of_the_step_even_when_they_change_after_stag
 def test_staging_buffers_are_reused_from_one_checkpoint_to_the_next(group: Any, tmp_path: Path) -> None:
     model, optimizer = sharded_model()
     writer = ShardedWriter(group)
-    if not writer.reuses_buffers:  # pragma: no cover - torch < 2.9
+    if not writer.reuses_buffers:  # pragma: no cover - older torch
         pytest.skip("this torch has no DefaultStager")
     buffers = []
     for i in range(3):
