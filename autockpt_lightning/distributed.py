@@ -7,14 +7,14 @@ every validation batch while signals are handled) when ``world_size > 1``, and
 ``raise_if_any_failed`` after every step that can fail on one rank only (a checkpoint, the
 resume, the end of training). All are collectives: every rank calls them together.
 
-The per-step agreement also carries each rank's step and checkpoint-blocked times
-(``autockpt_core.policy.rank_timing``): rank 0's profiler then sees the slowest rank's, so the
+The per-step agreement's numbers are the core's (``autockpt_core.policy.agreement``): rank 0's
+decisions, any rank's signal and failure, and each rank's step and checkpoint-blocked times
+(``autockpt_core.policy.rank_timing``), so rank 0's profiler sees the slowest rank's and the
 interval suits the job rather than rank 0.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import lightning.pytorch as pl
@@ -22,8 +22,10 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
 from autockpt_core import AutockptError, ResumeNotExactWarning
+from autockpt_core.policy.agreement import Agreement, decode, encode
 from autockpt_core.policy.rank_timing import RankTimes
 
+__all__ = ["AGREED", "Agreement", "RankFailedError", "agree", "check_strategy", "raise_if_any_failed"]
 
 AGREED = "_autockpt_agreed"
 """Attribute set on an error every rank raises after one agreement (see raise_if_any_failed)."""
@@ -66,17 +68,6 @@ def check_strategy(trainer: pl.Trainer) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-    """What every rank does at this step boundary (the same on all ranks)."""
-
-    save: bool  # rank 0's decision
-    unclean: bool  # rank 0's view: this boundary cannot be resumed exactly (defer by one step)
-    signum: int | None  # a signal any rank received (the largest number if several)
-    failed_rank: int | None  # the highest-numbered rank that failed before this point, if any
-    slowest: RankTimes  # the slowest rank's step and checkpoint-blocked times (each a maximum)
-
-
 def agree(
     trainer: pl.Trainer,
     *,
@@ -86,26 +77,10 @@ def agree(
     failed: bool = False,
     times: RankTimes = RankTimes(0.0, 0.0),
 ) -> Agreement:
-    """One all-reduce of six numbers (every rank calls it): rank 0's decisions, any rank's
-    signal and failure, the slowest rank's times.
-
-    ``save`` and ``unclean`` count on global rank 0 only, so ranks whose clocks or loop views
-    differ never disagree; ``signum``, ``failed`` and ``times`` count on every rank. Float64
-    carries the integers exactly.
-    """
-    rank0 = trainer.is_global_zero
-    values = torch.tensor(
-        [
-            float(save and rank0),
-            float(unclean and rank0),
-            float(signum or 0),
-            float(trainer.global_rank + 1 if failed else 0),
-            times.step_s,
-            times.blocked_s,
-        ],
-        dtype=torch.float64,
-        device=trainer.strategy.root_device,
-    )
+    """One all-reduce (MAX) of the six numbers of :mod:`autockpt_core.policy.agreement` (every
+    rank calls it): rank 0's decisions, any rank's signal and failure, the slowest rank's times."""
+    numbers = encode(trainer.global_rank, save=save, unclean=unclean, signum=signum, failed=failed, times=times)
+    values = torch.tensor(numbers, dtype=torch.float64, device=trainer.strategy.root_device)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # One collective: the strategy's reduce() puts a barrier before its all-reduce (two
         # round trips; measured +88% on 4 ms CPU steps, docs/benchmarks.md).
@@ -113,13 +88,7 @@ def agree(
         agreed = values.tolist()
     else:
         agreed = trainer.strategy.reduce(values, reduce_op="max").tolist()
-    return Agreement(
-        save=bool(agreed[0]),
-        unclean=bool(agreed[1]),
-        signum=int(agreed[2]) or None,
-        failed_rank=int(agreed[3]) - 1 if agreed[3] else None,
-        slowest=RankTimes(float(agreed[4]), float(agreed[5])),
-    )
+    return decode(agreed)
 
 
 def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> None:
