@@ -43,6 +43,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from autockpt_core import CheckpointSession, Config, ConfigError, Snapshot, Storage
 from autockpt_core.persist import LocalStorage
 from autockpt_core.persist.file_set import Checksums, FileSetWrite
+from autockpt_core.persist.tree import iter_leaves
+from autockpt_torch.host_buffers import tensor_nbytes
 from autockpt_torch.sharded import ShardedWriter, read_listings
 
 from .distributed import raise_if_any_failed
@@ -93,14 +95,8 @@ def split_checkpoint(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[s
 
 def local_bytes(tree: Any) -> int:
     """Bytes of the tensors in ``tree`` that this rank holds (a DTensor's local shard)."""
-    if isinstance(tree, torch.Tensor):
-        local = tree.to_local() if hasattr(tree, "to_local") else tree
-        return int(local.numel() * local.element_size())
-    if isinstance(tree, dict):
-        return sum(local_bytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(local_bytes(v) for v in tree)
-    return 0
+    tensors = iter_leaves(tree, lambda v: isinstance(v, torch.Tensor))
+    return sum(tensor_nbytes(t.to_local() if hasattr(t, "to_local") else t) for _, t in tensors)
 
 
 class _Staging:

@@ -129,7 +129,6 @@ class ShardedWriter:
         self._stager = _reusing_stager()
         self._staged: Future[Any] | None = None
         self._written: Future[Any] | None = None
-        self.saves = 0
 
     @property
     def reuses_buffers(self) -> bool:
@@ -153,7 +152,6 @@ class ShardedWriter:
         self._staged = staged
         written = _plain_errors(getattr(response, "upload_completion", response), directory)
         self._written = written
-        self.saves += 1
         return written
 
     def wait_staged(self) -> None:

@@ -170,6 +170,17 @@ class _CrcHelper:
         self._jobs.put(None)
 
 
+def mismatch(stream: IO[bytes], size: int, checksum: str) -> str | None:
+    """Why everything left in ``stream`` is not the ``size`` bytes with ``checksum`` a manifest
+    lists (a reason for messages), or None when it is."""
+    found, found_size = checksum_stream(stream)
+    if found_size != size:
+        return f"size {found_size} != {size} in manifest (truncated or torn file)"
+    if found != checksum:
+        return f"checksum {found} != {checksum} in manifest (corrupt file)"
+    return None
+
+
 def checksum_stream(stream: IO[bytes]) -> tuple[str, int]:
     """CRC-32 hex digest and size of everything left in ``stream``."""
     h = Crc32()

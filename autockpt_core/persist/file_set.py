@@ -30,7 +30,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .checksum import ALGORITHM, checksum_stream
+from .checksum import ALGORITHM, checksum_stream, mismatch
 from .storage import TEMP_PREFIX, LocalStorage, Storage, WriteResult, fsync_directory
 
 
@@ -56,12 +56,17 @@ def new_staging_directory(storage: Storage) -> Path:
 
     Raises ``ValueError`` for remote (fsspec) storage, which has no directory to rename.
     """
-    if not isinstance(storage, LocalStorage):
-        raise ValueError(f"multi-file checkpoints need a local directory, not {storage.location}")
-    storage.root.mkdir(parents=True, exist_ok=True)
-    path = storage.root / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
+    root = _local(storage).root
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
     path.mkdir()
     return path
+
+
+def _local(storage: Storage) -> LocalStorage:
+    if not isinstance(storage, LocalStorage):
+        raise ValueError(f"multi-file checkpoints need a local directory, not {storage.location}")
+    return storage
 
 
 def files_digest(files: dict[str, list[Any]]) -> str:
@@ -76,14 +81,13 @@ def commit_file_set(storage: Storage, file_set: FileSetWrite, name: str) -> Writ
     On failure the staging directory is removed and the error raised; after the rename, a
     failed fsync of ``dirpath`` raises ``NotDurableError`` (the directory is in place).
     """
-    if not isinstance(storage, LocalStorage):
-        raise ValueError(f"multi-file checkpoints need a local directory, not {storage.location}")
+    local = _local(storage)
     staging = file_set.path
-    final = storage.root / name
+    final = local.root / name
     try:
         known = file_set.fill(staging) or {}
-        files = _checksum_and_sync(staging, storage.fsync, known)
-        if storage.fsync:
+        files = _checksum_and_sync(staging, local.fsync, known)
+        if local.fsync:
             fsync_directory(staging)
         if final.exists():
             raise FileExistsError(f"{final} exists already; a checkpoint is never written over another")
@@ -91,7 +95,7 @@ def commit_file_set(storage: Storage, file_set: FileSetWrite, name: str) -> Writ
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    storage.sync_after_rename(name)
+    local.sync_after_rename(name)
     return WriteResult(name, sum(size for size, _ in files.values()), files_digest(files), ALGORITHM, files)
 
 
@@ -100,7 +104,11 @@ def _checksum_and_sync(directory: Path, fsync: bool, known: Checksums) -> dict[s
     ``known`` with the size given there keeps its entry (its writer checksummed and fsync'ed
     it); every other file is read, checksummed and fsync'ed here."""
     files: dict[str, list[Any]] = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    for path in sorted(directory.rglob("*")):
+        if path.is_dir():
+            if fsync:
+                fsync_directory(path)
+            continue
         relative = path.relative_to(directory).as_posix()
         entry = known.get(relative)
         if entry is not None and len(entry) == 2 and entry[0] == path.stat().st_size:
@@ -111,9 +119,6 @@ def _checksum_and_sync(directory: Path, fsync: bool, known: Checksums) -> dict[s
             if fsync:
                 os.fsync(f.fileno())
         files[relative] = [size, digest]
-    for sub in sorted(p for p in directory.rglob("*") if p.is_dir()):
-        if fsync:
-            fsync_directory(sub)
     return files
 
 
@@ -129,9 +134,7 @@ def verify_file_set(storage: Storage, name: str, files: dict[str, list[Any]], al
         if not os.path.isfile(path):
             return f"file {relative} missing"
         with open(path, "rb") as f:
-            found, found_size = checksum_stream(f)
-        if found_size != size:
-            return f"{relative}: size {found_size} != {size} in manifest (truncated or torn file)"
-        if found != digest:
-            return f"{relative}: checksum {found} != {digest} in manifest (corrupt file)"
+            problem = mismatch(f, size, digest)
+        if problem is not None:
+            return f"{relative}: {problem}"
     return None

@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable
 
-from .checksum import checksum_stream
+from .checksum import mismatch
 from .file_set import verify_file_set
 from .storage import Storage, WriteResult
 
@@ -190,12 +190,7 @@ def verify(storage: Storage, record: CheckpointRecord) -> str | None:
     if record.algorithm != "crc32":
         return f"unknown checksum algorithm {record.algorithm!r}"
     with storage.open_read(record.name) as f:
-        digest, size = checksum_stream(f)
-    if size != record.size:
-        return f"size {size} != {record.size} in manifest (truncated or torn file)"
-    if digest != record.checksum:
-        return f"checksum {digest} != {record.checksum} in manifest (corrupt file)"
-    return None
+        return mismatch(f, record.size, record.checksum)
 
 
 def find_latest_valid(
