@@ -40,6 +40,15 @@ and torch trainers, Keras 3):
 Put ``AutoCheckpoint`` first in ``callbacks``: generator draws of callbacks before it are
 not lined up between the interrupted and the resumed run.
 
+Several JAX processes (``jax.distributed``, a ``DataParallel`` over all their devices): only
+process 0 creates a session, decides and writes. Every process runs the same hooks and calls
+the same collectives (:mod:`autockpt_keras.processes`): process 0's resume record goes to the
+others in ``on_train_begin`` (each reads the file itself); at each batch end one agreement
+carries process 0's decision, any process's signal and failure and the slowest step; at a
+checkpoint every process's resume point is gathered into the file; ``on_epoch_begin`` and
+``on_train_end`` agree on signals and failures once more. An error on one process is raised
+on every process, so none waits in a collective for one that stopped.
+
 Threading: every hook runs on the training thread; the callback is not ``async_safe``, so
 Keras calls ``on_train_batch_end`` synchronously between steps and the copy is consistent.
 Only the file write, fsync, manifest update and retention run in the session's writer
@@ -53,10 +62,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import os
 import signal
+import time
 import warnings
 from types import FrameType
 from typing import Any, Callable, TypeVar, cast
@@ -64,6 +75,8 @@ from typing import Any, Callable, TypeVar, cast
 import keras
 
 from autockpt_core import (
+    AutockptError,
+    CheckpointRecord,
     CheckpointSession,
     Config,
     Preempted,
@@ -75,6 +88,8 @@ from autockpt_core import (
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
+from autockpt_core.persist import storage_for
+from autockpt_core.policy.rank_timing import StepClock
 from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
 
@@ -86,6 +101,7 @@ from .exact_resume import ExactResume
 from .fit_frame import find_fit_frame, is_on_stack
 from .input_checks import InputReport, inspect_inputs
 from .jax_state import optimizer_step
+from .processes import Processes, processes_for
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, manifest_meta, prepare_buffers
@@ -194,7 +210,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
     ``fit()``; see ``docs/reliability.md``. A checkpoint that falls due at an epoch's last
     batch is taken at the next epoch's start (or at the end of training).
 
-    Attributes (after ``fit()``): ``session`` (the :class:`~autockpt_core.CheckpointSession`),
+    Attributes (after ``fit()``; ``session``, ``events`` and ``summary`` on process 0 only when
+    several JAX processes train): ``session`` (the :class:`~autockpt_core.CheckpointSession`),
     ``events`` (a :class:`CheckpointEvent` per checkpoint), ``restored`` (the
     :class:`~autockpt_keras.checkpoint_file.CheckpointInfo` resumed from, or None),
     ``summary`` (the :class:`~autockpt_core.RunSummary`), ``inputs`` (the
@@ -248,6 +265,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._preemption: PreemptionHandler | None = None
         self._fit_frame: FrameType | None = None  # the running fit()'s frame, while it runs
         self._session_open = False  # session created by on_train_begin and not finished yet
+        self._processes: Processes = Processes()  # replaced per fit() (jax.distributed: several)
+        self._step_clock = StepClock()  # this process's step times, combined in the agreement
         self._reset_fit_state()
 
     def _reset_fit_state(self) -> None:
@@ -290,18 +309,21 @@ class AutoCheckpoint(keras.callbacks.Callback):
         backend = keras.backend.backend()
         self._backend = backend
         check_strategy(self.model, backend)  # before anything is written
-        pinned = buffer_pool_for(backend)  # pinned buffers (torch backend with CUDA) cannot be shared
-        self.session = CheckpointSession(
-            self.config,
-            framework=FRAMEWORK,
-            suffix=SUFFIX,
-            storage=self._storage,
-            buffers=pinned,
-            shared_buffers=numpy_shared_pool if pinned is None else None,
-            persist_modules=(WRITE_TENSORS.partition(":")[0],),
-            gpu=pinned is not None,
-        )
-        self._session_open = True
+        self._processes = processes = processes_for(backend)
+        self.session = None
+        if processes.writes:  # process 0 alone decides and writes; the others follow it
+            pinned = buffer_pool_for(backend)  # pinned buffers (torch backend with CUDA) cannot be shared
+            self.session = CheckpointSession(
+                self.config,
+                framework=FRAMEWORK,
+                suffix=SUFFIX,
+                storage=self._storage,
+                buffers=pinned,
+                shared_buffers=numpy_shared_pool if pinned is None else None,
+                persist_modules=(WRITE_TENSORS.partition(":")[0],),
+                gpu=pinned is not None,
+            )
+            self._session_open = True
         self._copier = copier_for(backend, self.model)
         if self.config.snapshot_mode in ("overlap", "device"):
             log.warning(
@@ -320,7 +342,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 ResumeNotExactWarning,
                 stacklevel=2,
             )
-        record = self.session.resume_record()
+        record = self._resume_record()
         if record is not None:
             self._restore(record)
         if self.config.signals:
@@ -328,7 +350,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._fit_frame = find_fit_frame(self.model)
             self._preemption = PreemptionHandler(self.config.signals, alive=self._fit_is_running)
             self._preemption.install()
-        self.session.start(self._global_step())
+        if self.session is not None:
+            self.session.start(self._global_step())
+        self._step_clock.start()
 
     @_ends_fit_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -343,8 +367,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._deferred = None
             if step == self._global_step() and step != self._last_saved_step:
                 self._save(step, reason, exact.epoch_start_point(epoch), epoch=epoch - 1, batch=last_batch)
-        if self._preemption is not None and self._preemption.requested:
-            self._on_preempted(self._global_step(), lambda: exact.epoch_start_point(epoch), epoch - 1, None)
+        signum = self._agreed_signal(None)  # a signal in validation or an epoch-end callback, on any process
+        if signum is not None:
+            self._on_preempted(self._global_step(), lambda: exact.epoch_start_point(epoch), epoch - 1, None, signum)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._exact is not None:
@@ -352,7 +377,6 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     @_ends_fit_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        session = self._require_session()
         exact = self._require_exact()
         if exact.batch_end(batch):  # a skipped batch: it was drawn, not trained
             return
@@ -361,22 +385,19 @@ class AutoCheckpoint(keras.callbacks.Callback):
         if loss is not None:
             self._last_loss = float(loss)
         step = self._global_step()
-        if not self._buffers_ready:  # the train step has run once: every variable exists now
-            self._buffers_ready = True
-            prepare_buffers(session.buffers, self._require_copier(), self.model)
-        decision = session.step_end(step, loss=loss)
-        preempt = self._preemption is not None and self._preemption.requested
+        save, reason, signum = self._step_decision(step, loss)
         saved = False
-        if decision.save:
-            if self._is_last_batch(batch) and not preempt:
-                self._deferred = (step, decision.reason, batch)  # taken in on_epoch_begin / on_train_end
+        if save:
+            if self._is_last_batch(batch) and signum is None:
+                self._deferred = (step, reason, batch)  # taken in on_epoch_begin / on_train_end
             else:
                 point = exact.mid_epoch_point(self._epoch, batch)
-                self._save(step, decision.reason, point, epoch=self._epoch, batch=batch)
+                self._save(step, reason, point, epoch=self._epoch, batch=batch)
                 saved = True
-        if preempt:
+        if signum is not None:
             self._deferred = None
-            self._on_preempted(step, lambda: exact.mid_epoch_point(self._epoch, batch), self._epoch, batch, saved=saved)
+            point_now = lambda: exact.mid_epoch_point(self._epoch, batch)  # noqa: E731
+            self._on_preempted(step, point_now, self._epoch, batch, signum, saved=saved)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._completed_epoch = epoch
@@ -389,9 +410,9 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     @_ends_fit_on_error
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        session = self._require_session()
         self._put_back_initial_epoch()
         self._require_exact().close()
+        processes = self._processes
         try:
             step = self._global_step()
             due = self._deferred is not None and self._deferred[0] == step
@@ -399,21 +420,26 @@ class AutoCheckpoint(keras.callbacks.Callback):
             self._deferred = None
             if step != self._last_saved_step and self._batch is not None and (due or self.save_on_train_end):
                 if self._last_loss is not None and not math.isfinite(self._last_loss):
-                    warnings.warn(
-                        f"autockpt: no final checkpoint: the last loss is {self._last_loss}; the newest "
-                        f"checkpoint stays step {self._last_saved_step}",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                    if processes.writes:
+                        warnings.warn(
+                            f"autockpt: no final checkpoint: the last loss is {self._last_loss}; the newest "
+                            f"checkpoint stays step {self._last_saved_step}",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
                 else:
                     self._save_at_train_end(step, reason)
-            self._session_open = False
-            self.summary = session.finish()
-            preempted = self._preemption is not None and self._preemption.requested
-            signum = self._preemption.signum if self._preemption is not None else None
+            error: BaseException | None = None
+            if self.session is not None:
+                self._session_open = False
+                try:
+                    self.summary = self.session.finish()
+                except Exception as exc:  # the last persist failed: every process stops with it
+                    error = exc
+            signum = self._agreed_signal(error)  # a signal after the last batch, on any process
         finally:
             self._stop_preemption()
-        if self.config.verbose:
+        if self.config.verbose and processes.writes and self.summary is not None:
             if self._batch is None and self.restored is not None and self.restored.next_epoch >= self.params.get(
                 "epochs", 0
             ):
@@ -424,17 +450,54 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 )
             else:
                 print(self.summary.line(), flush=True)
-        if preempted and signum is not None and self.config.on_preempt == "exit":
+        if signum is not None and self.config.on_preempt == "exit":
             # The signal came after the last batch: training is complete and committed.
             raise Preempted(signum, self._global_step())
 
     # -- resume and final checkpoint (training thread) ----------------------------------------------
 
-    def _restore(self, record: Any) -> None:
+    def _resume_record(self) -> CheckpointRecord | None:
+        """on_train_begin: the checkpoint process 0 resumes from (every process gets its record)."""
+        processes = self._processes
+        record, error = None, None
+        if self.session is not None:
+            try:
+                record = self.session.resume_record()
+            except Exception as exc:  # a bad manifest, an unreachable store: every process stops
+                error = exc
+        processes.raise_if_any_failed(error)
+        if processes.count == 1:
+            return record
+        text = processes.gather_text(json.dumps(record.to_json()) if record is not None else "")[0]
+        return CheckpointRecord.from_json(json.loads(text)) if text else None
+
+    def _read_checkpoint(self, record: CheckpointRecord) -> tuple[dict[str, Any], CheckpointInfo]:
+        """Every process reads the file process 0 chose (so ``dirpath`` must be one they all reach)."""
+        processes = self._processes
+        if self.session is not None:
+            storage = self.session.storage
+        else:
+            storage = self._storage or storage_for(self.config.dirpath, self.config.storage_options)
+        result, error = None, None
+        try:
+            result = read_record(storage, record)
+        except Exception as exc:
+            error = exc
+            if not processes.writes:
+                error = AutockptError(
+                    f"process {processes.index} cannot read {record.name}, the checkpoint process 0 resumes "
+                    f"from, in {storage.location} ({type(exc).__name__}: {exc}). Fix: a dirpath every process "
+                    "reaches (a shared file system or an object-store URL)."
+                )
+        processes.raise_if_any_failed(error)
+        assert result is not None
+        arrays, info = result
+        return arrays, info.for_process(processes.index, processes.count)
+
+    def _restore(self, record: CheckpointRecord) -> None:
         """on_train_begin: assign the checkpoint's state; remember where its epoch resumes."""
-        session = self._require_session()
         exact = self._require_exact()
-        arrays, info = read_record(session.storage, record)
+        arrays, info = self._read_checkpoint(record)
         ensure_built(self.model)
         exact.prepare_metrics()
         report = assign_state(collect_state(self.model), arrays, order=info.keys)
@@ -453,7 +516,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
         point = exact.resume_from(info, arrays)
         del arrays
-        if self.config.verbose:
+        if self.config.verbose and self._processes.writes:
             where = f"epoch {info.next_epoch + 1}"
             if point is not None and point.batches_done > 0:
                 where += f", batch {point.batches_done + 1} (drawing the {point.batches_done} batch(es) already trained)"
@@ -483,23 +546,32 @@ class AutoCheckpoint(keras.callbacks.Callback):
     # -- preemption (training thread) -----------------------------------------------------------
 
     def _on_preempted(
-        self, step: int, point: Callable[[], ResumePoint], epoch: int, batch: int | None, saved: bool = False
+        self,
+        step: int,
+        point: Callable[[], ResumePoint],
+        epoch: int,
+        batch: int | None,
+        signum: int,
+        saved: bool = False,
     ) -> None:
-        """A signal arrived: commit a checkpoint of this step (durable), then exit or continue."""
-        handler = self._preemption
-        assert handler is not None and handler.signum is not None
-        signum = handler.signum
-        session = self._require_session()
+        """A signal reached this process or another (``signum``, agreed): commit a checkpoint of
+        this step (durable), then exit or continue; every process does the same."""
         if not saved and step != self._last_saved_step:
             self._save(step, f"preempted by {signal.Signals(signum).name}", point(), epoch=epoch, batch=batch)
-        self.preempted = commit_emergency(
-            session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose
-        )
+        error = None
+        try:
+            self.preempted = commit_emergency(
+                self.session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose
+            )
+        except Exception as exc:  # the checkpoint was not persisted: every process stops with it
+            error = exc
+        self._processes.raise_if_any_failed(error)
         if self.config.on_preempt == "exit":
             # Raised from a hook: _ends_fit_on_error releases the handlers, the data stream
             # and the session (already flushed) on its way out of fit().
             raise Preempted(signum, step)
-        handler.clear()
+        if self._preemption is not None:
+            self._preemption.clear()
 
     def _stop_preemption(self) -> None:
         if self._preemption is not None:
@@ -541,19 +613,83 @@ class AutoCheckpoint(keras.callbacks.Callback):
         metrics = self.session.metrics() if self.session is not None else {}
         return {name: float(metrics.get(source, math.nan)) for name, source in LOG_KEYS.items()}
 
-    def _save(self, step: int, reason: str, point: ResumePoint, *, epoch: int, batch: int | None) -> CheckpointEvent:
-        """Snapshot the state and ``point`` (captured now) and hand the file to the writer."""
+    def _step_decision(self, step: int, loss: Any) -> tuple[bool, str, int | None]:
+        """At a batch end: whether to checkpoint now (process 0's decision), why, and a signal
+        any process received (None: none). With several processes, one agreement."""
+        processes = self._processes
+        times = self._step_clock.lap()
+        own = self._preemption.signum if self._preemption is not None else None
+        session = self.session
+        save, reason, error = False, "", None
+        if session is not None:
+            try:
+                if not self._buffers_ready:  # the train step has run once: every variable exists now
+                    self._buffers_ready = True
+                    prepare_buffers(session.buffers, self._require_copier(), self.model)
+                decision = session.step_end(step, loss=loss)
+                save, reason = decision.save, decision.reason
+            except Exception as exc:  # a persist error, a failed allocation: every process stops
+                error = exc
+        if processes.count == 1:
+            if error is not None:
+                raise error
+            return save, reason, own
+        agreed = processes.agree(save=save, signum=own, failed=error is not None, times=times)
+        processes.raise_agreed_failure(agreed.failed_rank, error)
+        if session is not None:
+            session.combine_ranks(agreed.slowest)  # the interval suits the slowest process
+        return agreed.save, reason, agreed.signum
+
+    def _agreed_signal(self, error: BaseException | None) -> int | None:
+        """Outside a batch end: a signal any process received (None: none); ``error``: this
+        process's failure, raised on every process."""
+        own = self._preemption.signum if self._preemption is not None else None
+        processes = self._processes
+        if processes.count == 1:
+            if error is not None:
+                raise error
+            return own
+        agreed = processes.agree(signum=own, failed=error is not None)
+        processes.raise_agreed_failure(agreed.failed_rank, error)
+        return agreed.signum
+
+    def _save(self, step: int, reason: str, point: ResumePoint, *, epoch: int, batch: int | None) -> None:
+        """Every process: the checkpoint of ``step`` at ``point`` (captured now). Process 0
+        copies the state and hands the file to the writer, with every process's generators."""
+        processes = self._processes
+        start = time.perf_counter()
+        points = processes.gather_text(point.to_json()) if processes.count > 1 else None
+        error = None
+        if self.session is not None:
+            try:
+                self.events.append(self._snapshot(step, reason, point, points, epoch=epoch, batch=batch))
+            except Exception as exc:  # a failed copy, the previous persist's error: every process stops
+                error = exc
+        processes.raise_if_any_failed(error)
+        self._last_saved_step = step
+        self._step_clock.add_blocked(time.perf_counter() - start)
+
+    def _snapshot(
+        self, step: int, reason: str, point: ResumePoint, points: list[str] | None, *, epoch: int, batch: int | None
+    ) -> CheckpointEvent:
+        """Process 0: snapshot the state and hand the file to the writer."""
         session = self._require_session()
         snapshot = StateSnapshot(
-            self.model, self._require_copier(), self._backend, point, step=step, epoch=epoch, batch=batch
+            self.model,
+            self._require_copier(),
+            self._backend,
+            point,
+            step=step,
+            epoch=epoch,
+            batch=batch,
+            process_points=points,
         )
         steps_per_epoch = self.params.get("steps") if self.params else None
         meta = manifest_meta(self._backend, point, batch=batch, steps_per_epoch=steps_per_epoch)
         decision = session.last_decision
         interval = decision.interval if decision is not None else None
         stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
-        self._last_saved_step = step
-        event = CheckpointEvent(
+        return CheckpointEvent(
             step=step,
             epoch=epoch,
             batch=batch,
@@ -565,8 +701,6 @@ class AutoCheckpoint(keras.callbacks.Callback):
             nbytes=snapshot.nbytes,
             batches_done=point.batches_done,
         )
-        self.events.append(event)
-        return event
 
     def _global_step(self) -> int:
         # On JAX, Callback.model reattaches fit()'s whole state at every access: read it raw

@@ -9,7 +9,9 @@ Tensors are stored under the keys of :mod:`autockpt_keras.state` (``model/...``,
 ``keras_version``, ``variables`` (JSON list of the keys in collection order) and, from
 format version 2, ``resume``: the JSON of a :class:`~autockpt_keras.resume_point.ResumePoint` (the
 batch position in the data stream and the global generators' states), which exact mid-epoch
-resume needs. Version 1 files (no ``resume``) resume at the start of ``next_epoch``.
+resume needs. Version 1 files (no ``resume``) resume at the start of ``next_epoch``. A file
+written by a job over several JAX processes also holds ``resume_processes``: a JSON list of
+every process's resume point (each process's own generators), in process order.
 
 Any safetensors reader opens the file (``safetensors.numpy.load_file``); the writer streams
 from the snapshot buffers (``autockpt_core.write_tensor_file``).
@@ -28,6 +30,7 @@ import numpy as np
 
 from autockpt_core import (
     CheckpointRecord,
+    ResumeNotExactWarning,
     Snapshot,
     find_latest_valid,
     read_tensor_file,
@@ -58,11 +61,32 @@ class CheckpointInfo:
     keras_version: str | None
     keys: tuple[str, ...]
     resume: ResumePoint | None = None
+    process_points: tuple[ResumePoint, ...] = ()  # every process's, for a multi-process job
+
+    def for_process(self, index: int, count: int) -> "CheckpointInfo":
+        """This info with ``resume`` the point of process ``index`` of ``count``.
+
+        A file written by as many processes gives each its own (its generators); one written by
+        another number of processes gives process 0's to all, with a
+        :class:`~autockpt_core.ResumeNotExactWarning` (each process's data and generators differ).
+        """
+        if len(self.process_points) == count and count > 1:
+            return dataclasses.replace(self, resume=self.process_points[index])
+        written = max(1, len(self.process_points))
+        if written != count and self.resume is not None:
+            warnings.warn(
+                f"autockpt: resuming at step {self.step} is not exact: the checkpoint was written by a job "
+                f"of {written} process(es), this one has {count}; every process takes process 0's "
+                "generator states and batch position.",
+                ResumeNotExactWarning,
+                stacklevel=3,
+            )
+        return self
 
 
 def file_metadata(
     *, step: int, epoch: int | None, batch: int | None, next_epoch: int, backend: str, keras_version: str,
-    keys: list[str], resume: ResumePoint | None = None,
+    keys: list[str], resume: ResumePoint | None = None, process_points: list[str] | None = None,
 ) -> dict[str, str]:
     """The safetensors ``__metadata__`` (strings only) for one checkpoint."""
     meta = {
@@ -78,6 +102,8 @@ def file_metadata(
     }
     if resume is not None:
         meta["resume"] = resume.to_json()
+    if process_points:
+        meta["resume_processes"] = json.dumps([json.loads(text) for text in process_points], separators=(",", ":"))
     return meta
 
 
@@ -104,6 +130,7 @@ def read_checkpoint_bytes(data: bytes | memoryview, path: str) -> tuple[dict[str
         keras_version=meta.get("keras_version"),
         keys=keys,
         resume=_resume_point(meta.get("resume"), path),
+        process_points=_process_points(meta.get("resume_processes"), path),
     )
     return arrays, info
 
@@ -120,6 +147,13 @@ def _resume_point(text: str | None, path: str) -> ResumePoint | None:
             stacklevel=3,
         )
         return None
+
+
+def _process_points(text: str | None, path: str) -> tuple[ResumePoint, ...]:
+    if not text:
+        return ()
+    points = tuple(_resume_point(json.dumps(item), path) for item in json.loads(text))
+    return () if any(p is None for p in points) else points  # type: ignore[return-value]
 
 
 def _opt_int(text: str | None) -> int | None:

@@ -38,6 +38,7 @@ import numpy as np
 
 from autockpt_core import BufferPool
 
+from .jax_state import local_value
 from .state import StateEntry
 
 log = logging.getLogger("autockpt")
@@ -204,7 +205,7 @@ class JaxCopier:
         sync = getattr(self._model, "jax_state_sync", None)
         if callable(sync):
             sync()
-        values = [entry.variable.value for entry in entries]
+        values = [local_value(entry.variable.value) for entry in entries]  # jax.distributed: this process's copy
         for value in values:  # start every transfer before waiting for the first one
             start = getattr(value, "copy_to_host_async", None)
             if callable(start):

@@ -12,12 +12,18 @@ only the snapshot syncs (:class:`~autockpt_keras.copying.JaxCopier`).
 Keras internals used (Keras 3.15's JAX trainer): ``_jax_state["optimizer_variables"]`` (in
 the order of ``optimizer.variables``) and ``_jax_state_synced``.
 
+Under ``jax.distributed`` a variable's array spans every process's devices and this process
+can read only its own copies: :func:`local_value` gives one of them (every copy holds the
+whole value under a ``DataParallel`` distribution, which the callback checks at the start).
+
 Threading: the training thread, inside ``fit()``'s batch hooks.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from autockpt_core import AutockptError
 
 
 def optimizer_step(model: Any) -> int:
@@ -30,6 +36,24 @@ def optimizer_step(model: Any) -> int:
         values = state.get("optimizer_variables") or ()
         for variable, value in zip(optimizer.variables, values):
             if variable is iterations:
-                return int(value)
+                return int(local_value(value))
         model.jax_state_sync()  # not found (another optimizer layout): reattach, then read
-    return int(iterations.numpy())
+    return int(local_value(iterations.value))
+
+
+def local_value(value: Any) -> Any:
+    """``value`` itself, or, for a ``jax.Array`` that spans other processes' devices too, its
+    copy on this process's first device (a replicated array's whole value).
+
+    Raises :class:`~autockpt_core.AutockptError` for an array that is split over processes
+    (this process holds a part only), which the callback does not checkpoint.
+    """
+    if getattr(value, "is_fully_addressable", True):
+        return value
+    if not value.sharding.is_fully_replicated:
+        raise AutockptError(
+            f"AutoCheckpoint reads every variable on process 0, but a variable of shape {value.shape} is "
+            f"split over the processes ({value.sharding}). Fix: train with keras.distribution.DataParallel "
+            "(variables replicated on every device), or checkpoint model-parallel JAX jobs with Orbax."
+        )
+    return value.addressable_data(0)

@@ -103,7 +103,9 @@ def _restore_keras_seed(values: list[int]) -> None:
 def _to_numpy(value: Any) -> Any:
     import keras
 
-    return keras.ops.convert_to_numpy(value)
+    from .jax_state import local_value
+
+    return keras.ops.convert_to_numpy(local_value(value))  # jax.distributed: this process's copy
 
 
 # -- TensorFlow's global tf.random.Generator -------------------------------------------------------

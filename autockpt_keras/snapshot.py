@@ -24,11 +24,21 @@ from .state import collect_state
 
 class StateSnapshot:
     """The snapshot callable for ``session.save``: copies the state and ``point`` (captured by
-    the caller now) into a safetensors snapshot. ``nbytes``: the bytes it copied (0 until
-    called)."""
+    the caller now) into a safetensors snapshot. ``process_points``: with several processes,
+    each one's point as JSON (its generators), in process order. ``nbytes``: the bytes it
+    copied (0 until called)."""
 
     def __init__(
-        self, model: Any, copier: Copier, backend: str, point: ResumePoint, *, step: int, epoch: int, batch: int | None
+        self,
+        model: Any,
+        copier: Copier,
+        backend: str,
+        point: ResumePoint,
+        *,
+        step: int,
+        epoch: int,
+        batch: int | None,
+        process_points: list[str] | None = None,
     ) -> None:
         self.model = model
         self.copier = copier
@@ -37,6 +47,7 @@ class StateSnapshot:
         self.step = step
         self.epoch = epoch
         self.batch = batch
+        self.process_points = process_points  # every process's point (JSON), jax.distributed
         self.nbytes = 0
 
     def __call__(self, pool: BufferPool[Any]) -> Snapshot:
@@ -50,6 +61,7 @@ class StateSnapshot:
             keras_version=keras.__version__,
             keys=list(arrays),
             resume=self.point,
+            process_points=self.process_points,
         )
         snap = make_snapshot(arrays, meta)  # this module's name: tests/fault/keras_script.py wraps it
         snap.mode = "sync"

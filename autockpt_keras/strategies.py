@@ -10,8 +10,10 @@ worker, ``ParameterServerStrategy``) or a TPU are refused with an error naming t
 worker would write the same directory, and no worker agrees with the others on when to
 checkpoint or where to resume. (Keras 3.15's ``fit()`` does not run under
 ``MultiWorkerMirroredStrategy`` at all yet, keras-team/keras#20585: it fails before the first
-callback hook.) On JAX, a job that spans processes (``jax.distributed``, e.g. a Keras
-``DataParallel`` distribution over several hosts) is refused for the same reasons.
+callback hook.) On JAX, a job that spans processes (``jax.distributed``) is served under a
+Keras ``DataParallel`` distribution over every process's devices (:func:`check_jax_processes`):
+process 0 writes, and every process agrees with it at each step
+(:mod:`autockpt_keras.processes`).
 
 Call order and threading: :func:`check_strategy` once, at the start of ``on_train_begin``,
 on the training thread, before anything is read or written.
@@ -58,13 +60,7 @@ def jax_processes() -> int:
 def check_strategy(model: Any, backend: str = "tensorflow") -> None:
     """Raise :class:`~autockpt_core.AutockptError` for a setup the callback cannot serve."""
     if backend == "jax":
-        count = jax_processes()
-        if count > 1:
-            raise AutockptError(
-                f"AutoCheckpoint runs in one process, but this JAX job spans {count} processes "
-                "(jax.distributed). Fix: train in one process (a keras.distribution over its local devices), "
-                "or checkpoint multi-process JAX jobs with keras.callbacks.BackupAndRestore or Orbax."
-            )
+        check_jax_processes()
         return
     strategy = model_strategy(model)
     if strategy is None:
@@ -79,3 +75,36 @@ def check_strategy(model: Any, backend: str = "tensorflow") -> None:
         f"OneDeviceStrategy), not {name}{detail}. Fix: train in one process per job with MirroredStrategy "
         "over the machine's devices, or use keras.callbacks.BackupAndRestore for multi-worker training."
     )
+
+
+def check_jax_processes() -> None:
+    """A JAX job over several processes needs a ``DataParallel`` distribution over all their devices.
+
+    Then every variable is replicated on every device, process 0 reads the whole state from its
+    own copies, and every process assigns the same values on resume. Without a distribution
+    each process would train a model of its own; a ``ModelParallel`` layout splits variables
+    over processes, which process 0 cannot read alone.
+    """
+    count = jax_processes()
+    if count <= 1:
+        return
+    import jax
+    import keras
+
+    distribution = keras.distribution.distribution()
+    name = type(distribution).__name__ if distribution is not None else "no keras.distribution"
+    fix = (
+        "Fix: keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices())) "
+        "before the model is built, or checkpoint model-parallel JAX jobs with Orbax."
+    )
+    if not isinstance(distribution, keras.distribution.DataParallel):
+        raise AutockptError(
+            f"AutoCheckpoint supports a JAX job over {count} processes (jax.distributed) under a "
+            f"keras.distribution.DataParallel over every process's devices, not {name}. {fix}"
+        )
+    devices = len(distribution.device_mesh.devices.reshape(-1))
+    if devices != jax.device_count():
+        raise AutockptError(
+            f"AutoCheckpoint needs the DataParallel distribution of a JAX job over {count} processes to span "
+            f"every process's devices ({jax.device_count()}), but it spans {devices}. {fix}"
+        )

@@ -7,31 +7,38 @@ every validation batch while signals are handled) when ``world_size > 1``, and
 ``raise_if_any_failed`` after every step that can fail on one rank only (a checkpoint, the
 resume, the end of training). All are collectives: every rank calls them together.
 
-The per-step agreement's numbers are the core's (``autockpt_core.policy.agreement``): rank 0's
-decisions, any rank's signal and failure, and each rank's step and checkpoint-blocked times
-(``autockpt_core.policy.rank_timing``), so rank 0's profiler sees the slowest rank's and the
-interval suits the job rather than rank 0.
+The rules are the core's (``autockpt_core.policy.process_group``, which the Keras adapter's JAX
+processes share): the per-step agreement's numbers (rank 0's decisions, any rank's signal and
+failure, and each rank's step and checkpoint-blocked times, so rank 0's profiler sees the
+slowest rank's and the interval suits the job rather than rank 0), and how a failure on one
+rank is raised on all. This module supplies the collectives (:class:`LightningRanks`).
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
 from autockpt_core import AutockptError, ResumeNotExactWarning
-from autockpt_core.policy.agreement import Agreement, decode, encode
+from autockpt_core.policy.agreement import Agreement
+from autockpt_core.policy.process_group import AGREED, PeerFailedError, ProcessGroup
 from autockpt_core.policy.rank_timing import RankTimes
 
-__all__ = ["AGREED", "Agreement", "RankFailedError", "agree", "check_strategy", "raise_if_any_failed"]
+__all__ = [
+    "AGREED",
+    "Agreement",
+    "LightningRanks",
+    "RankFailedError",
+    "agree",
+    "check_strategy",
+    "raise_if_any_failed",
+]
 
-AGREED = "_autockpt_agreed"
-"""Attribute set on an error every rank raises after one agreement (see raise_if_any_failed)."""
-
-
-class RankFailedError(AutockptError):
+class RankFailedError(PeerFailedError):
     """Raised on every rank of a distributed fit when another rank failed (its message inside)."""
 
 
@@ -68,6 +75,31 @@ def check_strategy(trainer: pl.Trainer) -> None:
         )
 
 
+class LightningRanks(ProcessGroup):
+    """A fit's ranks as a core :class:`~autockpt_core.policy.process_group.ProcessGroup`: its
+    maximum is one ``torch.distributed`` all-reduce, its message the strategy's broadcast."""
+
+    member = "rank"
+    peer_error = RankFailedError
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self.trainer = trainer
+        self.index = trainer.global_rank
+        self.count = trainer.world_size
+
+    def max_over_processes(self, numbers: Sequence[float]) -> list[float]:
+        values = torch.tensor(list(numbers), dtype=torch.float64, device=self.trainer.strategy.root_device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # One collective: the strategy's reduce() puts a barrier before its all-reduce (two
+            # round trips; measured +88% on 4 ms CPU steps, docs/benchmarks.md).
+            torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+            return list(values.tolist())
+        return list(self.trainer.strategy.reduce(values, reduce_op="max").tolist())
+
+    def text_from(self, source: int, text: str) -> str:
+        return str(self.trainer.strategy.broadcast(text, src=source))
+
+
 def agree(
     trainer: pl.Trainer,
     *,
@@ -79,16 +111,7 @@ def agree(
 ) -> Agreement:
     """One all-reduce (MAX) of the six numbers of :mod:`autockpt_core.policy.agreement` (every
     rank calls it): rank 0's decisions, any rank's signal and failure, the slowest rank's times."""
-    numbers = encode(trainer.global_rank, save=save, unclean=unclean, signum=signum, failed=failed, times=times)
-    values = torch.tensor(numbers, dtype=torch.float64, device=trainer.strategy.root_device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # One collective: the strategy's reduce() puts a barrier before its all-reduce (two
-        # round trips; measured +88% on 4 ms CPU steps, docs/benchmarks.md).
-        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
-        agreed = values.tolist()
-    else:
-        agreed = trainer.strategy.reduce(values, reduce_op="max").tolist()
-    return decode(agreed)
+    return LightningRanks(trainer).agree(save=save, unclean=unclean, signum=signum, failed=failed, times=times)
 
 
 def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> None:
@@ -97,26 +120,12 @@ def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> Non
     The failing rank re-raises its own exception; the others raise a :class:`RankFailedError`
     with the same message, so no rank is left waiting in a collective for one that stopped.
     """
-    if trainer.world_size <= 1:
-        if error is not None:
-            raise error
-        return
-    if error is not None and getattr(error, AGREED, False):
-        raise error  # every rank raised from the same agreement already: no second round
-    failed_rank = agree(trainer, failed=error is not None).failed_rank
-    raise_agreed_failure(trainer, failed_rank, error)
+    LightningRanks(trainer).raise_if_any_failed(error)
 
 
 def raise_agreed_failure(trainer: pl.Trainer, failed_rank: int | None, error: BaseException | None) -> None:
     """After an agreement that reported ``failed_rank``: its message is broadcast, every rank raises."""
-    if failed_rank is None:
-        return
-    message = f"{type(error).__name__}: {error}" if error is not None else None
-    message = trainer.strategy.broadcast(message, src=failed_rank)
-    if error is None or trainer.global_rank != failed_rank:
-        error = RankFailedError(f"autockpt: rank {failed_rank} stopped training, so every rank stops: {message}")
-    setattr(error, AGREED, True)  # every rank raises one: a later raise_if_any_failed passes it on as it is
-    raise error
+    LightningRanks(trainer).raise_agreed_failure(failed_rank, error)
 
 
 def warn_if_slurm_requeue(trainer: pl.Trainer) -> None:

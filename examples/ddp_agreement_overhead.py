@@ -16,7 +16,6 @@ Lightning starts rank 1 by running this same command (its subprocess launcher).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ import time
 from typing import Any
 
 import torch
+from agreement_report import report  # examples/ (the script's directory is on sys.path)
 
 torch.set_num_threads(1)
 
@@ -133,41 +133,15 @@ def main() -> int:
             agree_s.extend(calls)
     if rank != 0:
         return 0
-    none, auto = statistics.median(steps["none"]), statistics.median(steps["autockpt"])
-    result = {
+    facts = {
         "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}, lightning {pl.__version__}",
         "ranks": 2,
         "backend": "gloo",
         "steps": args.steps,
         "rounds": args.rounds,
         "width": args.width,
-        "median_step_s": {"none": none, "autockpt": auto},
-        "per_round_median_step_s": steps,
-        "slowdown": auto / none - 1.0,
-        "agree_call_s": {
-            "median": statistics.median(agree_s),
-            "p90": statistics.quantiles(agree_s, n=10)[-1],
-            "calls": len(agree_s),
-        },
     }
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="DDP, 2 CPU ranks (gloo): the per-step agreement")
-    for column in ("method", "median step ms", "vs none", "agree() median µs", "agree() p90 µs"):
-        table.add_column(column, justify="right")
-    table.add_row("none", f"{none * 1e3:.2f}", "", "", "")
-    table.add_row(
-        "autockpt (no checkpoint)",
-        f"{auto * 1e3:.2f}",
-        f"{(auto / none - 1) * 100:+.1f}%",
-        f"{result['agree_call_s']['median'] * 1e6:.0f}",
-        f"{result['agree_call_s']['p90'] * 1e6:.0f}",
-    )
-    Console().print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    report("DDP, 2 CPU ranks (gloo): the per-step agreement", steps, agree_s, facts, args.json)
     return 0
 
 

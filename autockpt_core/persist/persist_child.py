@@ -59,7 +59,7 @@ class Server:
         while True:
             try:
                 message = _recv(self.sock)
-            except EOFError:
+            except (EOFError, ConnectionResetError):  # the training process closed (or died): done
                 return
             op = message["op"]
             if op == "exit":

@@ -22,7 +22,13 @@ repeat`` and ``--steps-per-epoch`` change how epochs cut the data). Input types:
 ``tf.distribute.MirroredStrategy`` over two logical CPU devices (each batch split in two);
 ``OUT`` then also holds each device's copy of every variable (``<path>@device<i>``).
 ``--strategy dataparallel`` (JAX): a ``keras.distribution.DataParallel`` over two CPU
-devices of this process (``--xla_force_host_platform_device_count=2``).
+devices of this process (``--xla_force_host_platform_device_count=2``). ``--strategy
+jaxdist`` (JAX): two processes joined by ``jax.distributed`` (gloo on 127.0.0.1) under a
+``DataParallel`` over both; this process is process 0 and starts process 1 (the same command,
+``RANK=1``, in its process group, so a job kill takes both); each process feeds its own half of
+the data (a global batch of 16, 6 steps per epoch) shuffled by its own generators (Python's
+and numpy's seeded per process), process 0 writes ``OUT`` after both ended,
+and the script's exit status is process 0's (or process 1's, if only that one failed).
 
 The callback checkpoints every ``--every`` steps (dense, so faults land in every phase),
 keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import warnings
 from typing import Any
@@ -56,7 +63,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--strategy", default="none", choices=["none", "mirrored", "dataparallel"])
+    parser.add_argument("--strategy", default="none", choices=["none", "mirrored", "dataparallel", "jaxdist"])
     return parser.parse_args(argv)
 
 
@@ -67,6 +74,27 @@ if ARGS.strategy == "dataparallel":  # JAX: two CPU devices in this process
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 
 import numpy as np  # noqa: E402
+
+PROCESS_ENV = "AUTOCKPT_TEST_JAX_PROCESS"  # "<process id>:<coordinator port>" in process 1
+PEER = None  # process 0 of a jaxdist job: process 1's Popen
+if ARGS.strategy == "jaxdist":
+    import socket
+    import subprocess
+
+    if PROCESS_ENV in os.environ:
+        PROCESS_ID, _, PORT = os.environ[PROCESS_ENV].partition(":")
+    else:
+        with socket.socket() as _s:
+            _s.bind(("127.0.0.1", 0))
+            PROCESS_ID, PORT = "0", str(_s.getsockname()[1])
+        PEER = subprocess.Popen(
+            [sys.executable, "-m", "tests.fault.keras_script", *sys.argv[1:]],
+            env=dict(os.environ, **{PROCESS_ENV: f"1:{PORT}", "RANK": "1"}),
+        )
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{PORT}", num_processes=2, process_id=int(PROCESS_ID))
 
 if ARGS.backend == "tensorflow" or ARGS.inputs in ("tfdata", "repeat"):
     import tensorflow as tf
@@ -87,6 +115,7 @@ import keras  # noqa: E402
 
 import autockpt_keras.snapshot as snapshot_module  # noqa: E402
 from autockpt_keras import AutoCheckpoint  # noqa: E402
+from autockpt_keras.jax_state import local_value  # noqa: E402
 from tests.fault.child import FaultPlan, FaultStorage  # noqa: E402
 
 PLAN = FaultPlan.from_env()
@@ -161,7 +190,9 @@ class StepProbe(keras.callbacks.Callback):
     """Reports the ``step`` phase before each batch's update (the fault may kill here)."""
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        PLAN.hit("step", step=int(self.model.optimizer.iterations.numpy()), batch=batch)
+        iterations = self.model.optimizer.iterations
+        step = local_value(iterations.value) if ARGS.strategy == "jaxdist" else iterations.numpy()
+        PLAN.hit("step", step=int(step), batch=batch)
 
 
 def _hook_snapshot() -> None:
@@ -182,6 +213,9 @@ def main() -> int:
         sys.modules["torch"].manual_seed(ARGS.seed)
     if ARGS.strategy == "dataparallel":
         keras.distribution.set_distribution(keras.distribution.DataParallel())
+    if ARGS.strategy == "jaxdist":
+        distribution = keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False)
+        keras.distribution.set_distribution(distribution)
     if ARGS.strategy == "mirrored":
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
@@ -189,6 +223,10 @@ def main() -> int:
     else:
         model = make_model(ARGS.steps_per_execution)
     x, y = make_data()
+    if ARGS.strategy == "jaxdist":  # each process its own half of the data, shuffled by generators of its own
+        x, y = x[jax.process_index() :: 2], y[jax.process_index() :: 2]
+        random.seed(ARGS.seed + 1000 * jax.process_index())  # (after the model's weights are drawn,
+        np.random.seed(ARGS.seed + 1000 * jax.process_index())  # which every process draws alike)
     data, kwargs = fit_inputs(x, y)
     callbacks: list[Any] = []
     if not ARGS.baseline:
@@ -206,19 +244,37 @@ def main() -> int:
     callbacks.append(StepProbe())
     validation = (x[:32, :8], y[:32]) if ARGS.val else None
     history = model.fit(*data, epochs=ARGS.epochs, verbose=0, callbacks=callbacks, validation_data=validation, **kwargs)
+    if ARGS.strategy == "jaxdist" and jax.process_index() != 0:
+        return 0  # process 0 writes OUT
     logs = {"epochs": list(history.epoch), "history": {k: [float(v) for v in vals] for k, vals in history.history.items()}}
     with open(ARGS.out + ".logs.json", "w", encoding="utf-8") as f:
         json.dump(logs, f)
-    weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.variables}
+    weights = {v.path: keras.ops.convert_to_numpy(local_value(v.value)) for v in model.variables}
     for v in model.variables + model.metrics_variables:  # every device's copy under a strategy
         for i, component in enumerate(getattr(v.value, "values", ()) if ARGS.strategy == "mirrored" else ()):
             weights[f"{v.path}@device{i}"] = component.numpy()
-    weights.update({f"optimizer/{v.path}": keras.ops.convert_to_numpy(v.value) for v in model.optimizer.variables})
+    weights.update({f"optimizer/{v.path}": keras.ops.convert_to_numpy(local_value(v.value)) for v in model.optimizer.variables})
     tmp = ARGS.out + ".tmp.npz"
     np.savez(tmp, **weights)
     os.replace(tmp, ARGS.out)
     return 0
 
 
+def run() -> int:
+    """``main()``; in a jaxdist job both processes then pass ``jax.distributed.shutdown()`` (a
+    barrier) and process 0 waits for process 1, whose failure counts as the job's."""
+    try:
+        code = main()
+    except SystemExit as exc:  # Preempted: 128 + signal number
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        if ARGS.strategy == "jaxdist":
+            jax.distributed.shutdown()
+        peer = PEER.wait() if PEER is not None else 0
+    if code == 0 and peer != 0:
+        return 1 if peer < 0 else peer
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

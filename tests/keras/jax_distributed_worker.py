@@ -1,10 +1,11 @@
-"""One of two JAX processes (``jax.distributed`` over gloo on 127.0.0.1), for test_keras_strategies.py.
+"""One of two JAX processes (``jax.distributed`` over gloo on 127.0.0.1), for test_keras_jax_distributed.py.
 
-    python tests/keras/jax_distributed_worker.py PROCESS_ID PORT DIRPATH OUT
+    python tests/keras/jax_distributed_worker.py PROCESS_ID PORT DISTRIBUTION DIRPATH OUT
 
-Trains a model under a Keras ``DataParallel`` distribution over both processes' CPU devices
-with ``AutoCheckpoint``; writes OUT (JSON): the process count, the error ``fit()`` raised, and
-whether DIRPATH exists afterwards.
+Trains a model with ``AutoCheckpoint`` under DISTRIBUTION: ``none`` (no keras.distribution:
+each process would train a model of its own) or ``local`` (a ``DataParallel`` over this
+process's devices only); writes OUT (JSON): the process count, the error ``fit()`` raised,
+and whether DIRPATH exists afterwards.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-process_id, port, dirpath, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+process_id, port, distribution = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dirpath, out = Path(sys.argv[4]), Path(sys.argv[5])
 os.environ["KERAS_BACKEND"] = "jax"
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -29,7 +31,8 @@ import numpy as np  # noqa: E402
 from autockpt_core import AutockptError  # noqa: E402
 from autockpt_keras import AutoCheckpoint  # noqa: E402
 
-keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False))
+if distribution == "local":
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.local_devices(), auto_shard_dataset=False))
 keras.utils.set_random_seed(0)
 inputs = keras.Input((4,))
 model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
@@ -43,3 +46,4 @@ except AutockptError as exc:
     result["error"] = str(exc)
 result["dirpath_exists"] = dirpath.exists()
 out.write_text(json.dumps(result))
+jax.distributed.shutdown()  # a barrier: both processes leave together

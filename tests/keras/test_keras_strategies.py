@@ -2,8 +2,8 @@
 
 MirroredStrategy over two logical CPU devices trains, is killed and resumes bitwise exactly in
 ``test_keras_faults.py`` (``--strategy mirrored``); here: the refusal of jobs that span
-processes, by two real workers of a MultiWorkerMirroredStrategy on 127.0.0.1 and by two JAX
-processes joined by ``jax.distributed`` (gloo on 127.0.0.1) training under ``DataParallel``.
+processes, by two real workers of a MultiWorkerMirroredStrategy on 127.0.0.1. JAX jobs over two
+processes: ``test_keras_jax_distributed.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pytest
 pytestmark = pytest.mark.integration
 
 WORKER = Path(__file__).with_name("strategy_worker.py")
-JAX_WORKER = Path(__file__).with_name("jax_distributed_worker.py")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -62,20 +61,6 @@ def _run_two(argv: list[list[str]], env: dict[str, str]) -> list[str]:
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-3000:]
     return outputs
-
-
-def test_a_jax_job_over_two_processes_is_refused_at_fit_start(tmp_path: Path) -> None:
-    pytest.importorskip("jax")
-    (port,) = _free_ports(1)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    _run_two([[str(JAX_WORKER), str(i), str(port), str(tmp_path / "ckpts"), str(tmp_path / f"{i}.json")]
-              for i in range(2)], env)
-    for i in range(2):
-        result = json.loads((tmp_path / f"{i}.json").read_text())
-        assert result["processes"] == 2
-        error = result["error"]
-        assert error is not None and "spans 2 processes (jax.distributed)" in error and "Fix: train in one process" in error
-        assert result["dirpath_exists"] is False
 
 
 def test_one_process_strategies_pass_the_check() -> None:

@@ -1,0 +1,85 @@
+"""ProcessGroup: a failure on any process is raised on every process (its own error where it
+happened, the peer error with its message elsewhere); the agreement over real concurrent
+callers (threads standing in for processes)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+
+from autockpt_core.policy.process_group import AGREED, PeerFailedError, ProcessGroup
+from tests.collectives import ThreadGather, on_threads
+
+
+class ThreadGroup(ProcessGroup):
+    """Process ``index`` of ``gather.count``, its collectives over :class:`ThreadGather`."""
+
+    def __init__(self, index: int, gather: ThreadGather) -> None:
+        self.index, self.count, self.gather = index, gather.count, gather
+
+    def max_over_processes(self, numbers: Sequence[float]) -> list[float]:
+        return [max(column) for column in zip(*self.gather(self.index, list(numbers)))]
+
+    def text_from(self, source: int, text: str) -> str:
+        return str(self.gather(self.index, text)[source])
+
+
+def test_one_process_raises_its_own_error_and_passes_without_one() -> None:
+    group = ProcessGroup()
+    assert group.writes and group.count == 1
+    group.raise_if_any_failed(None)
+    error = ValueError("disk full")
+    with pytest.raises(ValueError) as raised:
+        group.raise_if_any_failed(error)
+    assert raised.value is error
+
+
+@pytest.mark.parametrize(
+    "count, failing, reported",
+    [
+        (2, [], None),
+        (2, [0], 0),
+        (2, [1], 1),
+        (3, [0, 2], 2),  # several: the highest-numbered one's message goes to all
+        (4, [1], 1),
+    ],
+)
+def test_a_failure_on_any_process_is_raised_on_every_process(count: int, failing: list[int], reported: int | None) -> None:
+    gather = ThreadGather(count)
+    errors = {i: OSError(f"no space on process {i}") for i in failing}
+
+    def run(i: int) -> None:
+        ThreadGroup(i, gather).raise_if_any_failed(errors.get(i))
+
+    results = on_threads(count, run)
+    if reported is None:
+        assert results == [None] * count
+        return
+    for i, result in enumerate(results):
+        assert getattr(result, AGREED) is True
+        if i in errors:
+            assert result is errors[i]  # its own exception, traceback and all
+        else:
+            assert isinstance(result, PeerFailedError)
+            assert str(result) == (
+                f"autockpt: process {reported} stopped training, so every process stops: "
+                f"OSError: no space on process {reported}"
+            )
+
+
+def test_an_error_every_process_already_agreed_on_is_raised_without_another_round() -> None:
+    group = ThreadGroup(0, ThreadGather(2))  # a second round would wait for process 1 and time out
+    error = PeerFailedError("agreed before")
+    setattr(error, AGREED, True)
+    with pytest.raises(PeerFailedError) as raised:
+        group.raise_if_any_failed(error)
+    assert raised.value is error
+
+
+def test_the_agreement_is_the_same_on_every_process() -> None:
+    gather = ThreadGather(3)
+    signals = {0: None, 1: 15, 2: None}
+    results = on_threads(3, lambda i: ThreadGroup(i, gather).agree(save=i == 0 or i == 2, signum=signals[i]))
+    assert all(r == results[0] for r in results)
+    assert results[0].save and results[0].signum == 15 and results[0].failed_rank is None
