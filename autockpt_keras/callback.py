@@ -6,8 +6,9 @@ puts a resumed run back at the exact batch and generator state the checkpoint wa
 (that module's docstring details those steps). Order of calls inside ``fit()`` (TensorFlow
 and torch trainers, Keras 3):
 
-1. ``on_train_begin``: the ``tf.distribute`` strategy is checked (one process only,
-   :mod:`autockpt_keras.strategies`); a new session; ``fit()``'s data iterator is looked up and its input
+1. ``on_train_begin``: the ``tf.distribute`` strategy or the JAX processes are checked
+   (:mod:`autockpt_keras.strategies`); a new session (process 0 only, with several JAX
+   processes: see below); ``fit()``'s data iterator is looked up and its input
    type checked (a :class:`~autockpt_core.ResumeNotExactWarning` names what would keep a
    resume from being exact, :mod:`autockpt_keras.input_checks`); ``session.resume_record()``;
    if a valid checkpoint exists, the model's and optimizer's variables are built if needed

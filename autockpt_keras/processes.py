@@ -72,10 +72,13 @@ class JaxProcesses(Processes):
     def gather_bytes(self, data: bytes) -> list[bytes]:
         sizes = self._gathered(np.array([len(data)], dtype=np.int32).view(np.uint8))
         lengths = [int(row.view(np.int32)[0]) for row in sizes]
-        padded = np.zeros(max(lengths), dtype=np.uint8)  # every process sends the same shape
+        if not max(lengths):
+            return [b""] * self.count
+        # Every process sends the same shape, rounded up to a power of two so the jitted
+        # all-gather is compiled for a few sizes, not for every length a text happens to have.
+        padded = np.zeros(1 << max(8, (max(lengths) - 1).bit_length()), dtype=np.uint8)
         padded[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-        rows = self._gathered(padded) if max(lengths) else np.zeros((self.count, 0), np.uint8)
-        return [bytes(row[:n]) for row, n in zip(rows, lengths)]
+        return [bytes(row[:n]) for row, n in zip(self._gathered(padded), lengths)]
 
     def max_over_processes(self, numbers: Sequence[float]) -> list[float]:
         # One all-gather (the per-step agreement): every process sends the same number of bytes
