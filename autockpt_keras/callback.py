@@ -631,13 +631,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
                 save, reason = decision.save, decision.reason
             except Exception as exc:  # a persist error, a failed allocation: every process stops
                 error = exc
-        if processes.count == 1:
-            if error is not None:
-                raise error
-            return save, reason, own
-        agreed = processes.agree(save=save, signum=own, failed=error is not None, times=times)
-        processes.raise_agreed_failure(agreed.failed_rank, error)
-        if session is not None:
+        agreed = processes.settle(error, save=save, signum=own, times=times)
+        if session is not None and processes.count > 1:
             session.combine_ranks(agreed.slowest)  # the interval suits the slowest process
         return agreed.save, reason, agreed.signum
 
@@ -645,14 +640,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
         """Outside a batch end: a signal any process received (None: none); ``error``: this
         process's failure, raised on every process."""
         own = self._preemption.signum if self._preemption is not None else None
-        processes = self._processes
-        if processes.count == 1:
-            if error is not None:
-                raise error
-            return own
-        agreed = processes.agree(signum=own, failed=error is not None)
-        processes.raise_agreed_failure(agreed.failed_rank, error)
-        return agreed.signum
+        return self._processes.settle(error, signum=own).signum
 
     def _save(self, step: int, reason: str, point: ResumePoint, *, epoch: int, batch: int | None) -> None:
         """Every process: the checkpoint of ``step`` at ``point`` (captured now). Process 0

@@ -103,7 +103,7 @@ def file_metadata(
     if resume is not None:
         meta["resume"] = resume.to_json()
     if process_points:
-        meta["resume_processes"] = json.dumps([json.loads(text) for text in process_points], separators=(",", ":"))
+        meta["resume_processes"] = "[" + ",".join(process_points) + "]"  # each one a point's JSON object
     return meta
 
 

@@ -113,7 +113,13 @@ from . import resume as _resume
 from .auto_resume import CONTINUES_EXACTLY, FINAL_REASON, apply_exact_state, load_newest
 from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
-from .distributed import agree, check_strategy, raise_agreed_failure, raise_if_any_failed, warn_if_slurm_requeue
+from .distributed import (
+    LightningRanks,
+    agree,
+    check_strategy,
+    raise_if_any_failed,
+    warn_if_slurm_requeue,
+)
 from .events import CheckpointEvent
 from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
@@ -320,14 +326,11 @@ class AutoCheckpoint(Callback):
         signum = self._signum()
         # Decided once, on rank 0, and agreed: ranks never disagree on where a checkpoint goes.
         unclean = trainer.is_global_zero and not _resume.at_clean_boundary(trainer)
-        if trainer.world_size > 1:  # rank 0 decides; the others follow; any rank may be signalled or fail
-            agreed = agree(trainer, save=save, unclean=unclean, signum=signum, failed=error is not None, times=times)
-            raise_agreed_failure(trainer, agreed.failed_rank, error)
-            save, unclean, signum = agreed.save, agreed.unclean, agreed.signum
-            if session is not None:
-                session.combine_ranks(agreed.slowest)  # the interval suits the slowest rank
-        elif error is not None:
-            raise error
+        # rank 0 decides; the others follow; any rank may be signalled or fail (one rank: local)
+        agreed = LightningRanks(trainer).settle(error, save=save, unclean=unclean, signum=signum, times=times)
+        save, unclean, signum = agreed.save, agreed.unclean, agreed.signum
+        if session is not None and trainer.world_size > 1:
+            session.combine_ranks(agreed.slowest)  # the interval suits the slowest rank
         deferred_from, deferred_reason = self._deferred_from, self._deferred_reason
         self._deferred_from = self._deferred_reason = None
         if deferred_reason is not None and not save:

@@ -123,11 +123,6 @@ def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> Non
     LightningRanks(trainer).raise_if_any_failed(error)
 
 
-def raise_agreed_failure(trainer: pl.Trainer, failed_rank: int | None, error: BaseException | None) -> None:
-    """After an agreement that reported ``failed_rank``: its message is broadcast, every rank raises."""
-    LightningRanks(trainer).raise_agreed_failure(failed_rank, error)
-
-
 def warn_if_slurm_requeue(trainer: pl.Trainer) -> None:
     """Lightning's SLURM auto-requeue saves from inside its signal handler and resumes from that file."""
     from lightning.fabric.plugins.environments import SLURMEnvironment

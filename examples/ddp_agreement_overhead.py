@@ -33,8 +33,8 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-import autockpt_lightning.callback as callback_module  # noqa: E402
 from autockpt_lightning import AutoCheckpoint  # noqa: E402
+from autockpt_lightning.distributed import LightningRanks  # noqa: E402
 
 
 class Mlp(pl.LightningModule):
@@ -65,13 +65,13 @@ class StepTimes(pl.Callback):
 
 
 def timed_agree(calls: list[float]) -> Any:
-    """callback_module.agree, timing each call into ``calls``."""
-    agree = callback_module.agree
+    """LightningRanks.agree (the per-step agreement), timing each call into ``calls``."""
+    agree = LightningRanks.agree
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: LightningRanks, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
-            return agree(*args, **kwargs)
+            return agree(self, **kwargs)
         finally:
             calls.append(time.perf_counter() - start)
 
@@ -88,7 +88,7 @@ def fit(method: str, steps: int, width: int, root: str) -> tuple[list[float], li
     calls: list[float] = []
     callbacks: list[pl.Callback] = [timer]
     if method == "autockpt":
-        callback_module.agree = timed_agree(calls)  # type: ignore[assignment]  # main() puts it back
+        LightningRanks.agree = timed_agree(calls)  # type: ignore[method-assign]  # main() puts it back
         auto = AutoCheckpoint(
             os.path.join(root, method), every_n_steps=10 * steps, save_on_train_end=False, verbose=False, resume=False
         )
@@ -123,12 +123,12 @@ def main() -> int:
     steps: dict[str, list[float]] = {"none": [], "autockpt": []}
     agree_s: list[float] = []
     rank = 0
-    original = callback_module.agree
+    original = LightningRanks.agree
     for round_ in range(args.rounds):
         order = ["none", "autockpt"] if round_ % 2 == 0 else ["autockpt", "none"]
         for method in order:
             times, calls, rank = fit(method, args.steps, args.width, root)
-            callback_module.agree = original  # type: ignore[assignment]
+            LightningRanks.agree = original  # type: ignore[method-assign]
             steps[method].append(statistics.median(times))
             agree_s.extend(calls)
     if rank != 0:

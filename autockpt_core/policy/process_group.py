@@ -76,6 +76,26 @@ class ProcessGroup:
             )
         )
 
+    def settle(
+        self,
+        error: BaseException | None,
+        *,
+        save: bool = False,
+        unclean: bool = False,
+        signum: int | None = None,
+        times: RankTimes = RankTimes(0.0, 0.0),
+    ) -> Agreement:
+        """:meth:`agree` with this process's ``error`` as its failure, then that failure raised on
+        every process (:meth:`raise_agreed_failure`). One process: ``error`` is raised, else its
+        own report comes back, without encoding it (a hot path: every step of every job)."""
+        if self.count <= 1:
+            if error is not None:
+                raise error
+            return Agreement(save=save, unclean=unclean, signum=signum, failed_rank=None, slowest=times)
+        agreed = self.agree(save=save, unclean=unclean, signum=signum, failed=error is not None, times=times)
+        self.raise_agreed_failure(agreed.failed_rank, error)
+        return agreed
+
     def raise_if_any_failed(self, error: BaseException | None) -> None:
         """When any process has an ``error``, every process raises (one process: ``error`` itself).
 

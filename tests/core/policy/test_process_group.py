@@ -8,7 +8,9 @@ from typing import Sequence
 
 import pytest
 
+from autockpt_core.policy.agreement import Agreement
 from autockpt_core.policy.process_group import AGREED, PeerFailedError, ProcessGroup
+from autockpt_core.policy.rank_timing import RankTimes
 from tests.collectives import ThreadGather, on_threads
 
 
@@ -83,3 +85,22 @@ def test_the_agreement_is_the_same_on_every_process() -> None:
     results = on_threads(3, lambda i: ThreadGroup(i, gather).agree(save=i == 0 or i == 2, signum=signals[i]))
     assert all(r == results[0] for r in results)
     assert results[0].save and results[0].signum == 15 and results[0].failed_rank is None
+
+
+def test_settle_in_one_process_raises_the_error_or_returns_its_own_report() -> None:
+    group = ProcessGroup()
+    agreed = group.settle(None, save=True, signum=15, times=RankTimes(0.5, 0.25))
+    assert agreed == Agreement(save=True, unclean=False, signum=15, failed_rank=None, slowest=RankTimes(0.5, 0.25))
+    error = OSError("disk full")
+    with pytest.raises(OSError) as raised:
+        group.settle(error, save=True)
+    assert raised.value is error
+
+
+def test_settle_over_processes_agrees_and_raises_a_failure_everywhere() -> None:
+    gather = ThreadGather(2)
+    results = on_threads(2, lambda i: ThreadGroup(i, gather).settle(None, save=i == 0, signum=10 if i else None))
+    assert results[0] == results[1] and results[0].save and results[0].signum == 10
+    error = OSError("no space")
+    failed = on_threads(2, lambda i: ThreadGroup(i, gather).settle(error if i == 1 else None, save=True))
+    assert failed[1] is error and isinstance(failed[0], PeerFailedError) and "OSError: no space" in str(failed[0])
