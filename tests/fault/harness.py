@@ -100,6 +100,7 @@ def script_env(plan: Plan | None, log_path: Path | None, extra: dict[str, str] |
     env.pop(PLAN_ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    env["PYTHONFAULTHANDLER"] = "1"  # an abort or a crash prints every thread's Python stack
     env[KILL_JOB_ENV] = "1"  # a planned kill takes the child's whole process group (every rank)
     if plan is not None:
         env[PLAN_ENV] = json.dumps(plan)
@@ -243,7 +244,7 @@ def run_baseline(
     attempt = run_once(
         command, workdir / "baseline-unused", out, None, extra_args=["--baseline", *extra_args], timeout=timeout
     )
-    assert attempt.returncode == 0 and out.exists(), attempt.output[-3000:]
+    assert attempt.returncode == 0 and out.exists(), f"rc={attempt.returncode}\n{attempt.output[-3000:]}"
     return load_weights(out)
 
 

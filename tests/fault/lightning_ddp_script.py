@@ -41,6 +41,7 @@ torch.set_num_threads(1)
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
 from autockpt_lightning import AutoCheckpoint  # noqa: E402
+from tests.fault.child import exit_without_teardown  # noqa: E402
 from tests.faults import FailingStorage  # noqa: E402
 from tests.lightning.lightning_helpers import ShardedTinyModel, TinyData, TinyModel, make_trainer  # noqa: E402
 
@@ -154,4 +155,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
