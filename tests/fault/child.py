@@ -138,7 +138,7 @@ def exit_without_teardown(status: int) -> NoReturn:
     After a Lightning ``ModelParallelStrategy`` (FSDP2) run on gloo had finished, a rank
     rarely aborted with "terminate called without an active exception" (exit -6; -9 when
     Lightning's child-process observer then kills rank 0): once in about 20 local runs, and once
-    in CI, in the *baseline* run, where no autockpt code runs; not in 50 further local runs.
+    in CI, in the *baseline* run, where no autockpt code runs; not in 48 further local runs.
     ``destroy_process_group`` before exit did not prevent it. Likely cause: FSDP2's state keeps
     its process groups alive past ``destroy_process_group``, so torch tears them down during
     the interpreter's finalization, when a thread that needs the GIL is ended in C++ code.
