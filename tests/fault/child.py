@@ -133,7 +133,9 @@ def process_rank() -> int:
 
 def exit_without_teardown(status: int) -> NoReturn:
     """End a multi-process (gloo) script once its results are written: flush and ``os._exit``,
-    skipping the interpreter's finalization.
+    skipping the interpreter's finalization. The Lightning scripts with several ranks, the
+    Keras script's ``jaxdist`` job and ``tests/keras/jax_distributed_worker.py`` (both after
+    ``jax.distributed.shutdown()``) end this way.
 
     After a Lightning ``ModelParallelStrategy`` (FSDP2) run on gloo had finished, a rank
     rarely aborted with "terminate called without an active exception" (exit -6; -9 when

@@ -116,7 +116,7 @@ import keras  # noqa: E402
 import autockpt_keras.snapshot as snapshot_module  # noqa: E402
 from autockpt_keras import AutoCheckpoint  # noqa: E402
 from autockpt_keras.jax_state import local_value  # noqa: E402
-from tests.fault.child import FaultPlan, FaultStorage  # noqa: E402
+from tests.fault.child import FaultPlan, FaultStorage, exit_without_teardown  # noqa: E402
 
 PLAN = FaultPlan.from_env()
 SAMPLES, BATCH, FEATURES = 96, 8, 10
@@ -277,4 +277,6 @@ def run() -> int:
 
 
 if __name__ == "__main__":
+    if ARGS.strategy == "jaxdist":
+        exit_without_teardown(run())  # as the Lightning scripts with several ranks
     sys.exit(run())

@@ -47,3 +47,7 @@ except AutockptError as exc:
 result["dirpath_exists"] = dirpath.exists()
 out.write_text(json.dumps(result))
 jax.distributed.shutdown()  # a barrier: both processes leave together
+
+from tests.fault.child import exit_without_teardown  # noqa: E402
+
+exit_without_teardown(0)  # as every multi-process test script (see there)
