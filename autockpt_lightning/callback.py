@@ -115,7 +115,6 @@ from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import (
     LightningRanks,
-    agree,
     check_strategy,
     raise_if_any_failed,
     warn_if_slurm_requeue,
@@ -281,7 +280,7 @@ class AutoCheckpoint(Callback):
         self._step_clock.start()
         signum = self._signum()
         if trainer.world_size > 1 and self.config.signals:
-            signum = agree(trainer, signum=signum).signum
+            signum = LightningRanks(trainer).agree(signum=signum).signum
         if signum is not None:  # during the resume or the sanity check: nothing trained yet
             self._on_preempted(trainer, trainer.global_step, signum, saved=False)
 
@@ -365,7 +364,7 @@ class AutoCheckpoint(Callback):
         # a rerun with more epochs resumes from the checkpoint before this one (auto_resume.py).
         unclean = trainer.is_global_zero and not _resume.at_clean_boundary(trainer)
         if trainer.world_size > 1:
-            agreed = agree(trainer, save=final, unclean=unclean)
+            agreed = LightningRanks(trainer).agree(save=final, unclean=unclean)
             final, unclean = agreed.save, agreed.unclean
         self._deferred_from = self._deferred_reason = None
         if final:

@@ -2,8 +2,9 @@
 one all-reduce per step that keeps the ranks in agreement, and the SLURM requeue check.
 
 Call order (training thread, every rank): ``check_strategy`` in ``setup("fit")``;
-``warn_if_slurm_requeue`` in ``on_fit_start``; ``agree`` after every optimizer step (and after
-every validation batch while signals are handled) when ``world_size > 1``, and
+``warn_if_slurm_requeue`` in ``on_fit_start``; ``LightningRanks(trainer).settle`` after every
+optimizer step, and ``.agree`` at the start of training (a signal during the resume or the
+sanity check) and at its end (the final checkpoint) when ``world_size > 1``, and
 ``raise_if_any_failed`` after every step that can fail on one rank only (a checkpoint, the
 resume, the end of training). All are collectives: every rank calls them together.
 
@@ -26,14 +27,12 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParalle
 from autockpt_core import AutockptError, ResumeNotExactWarning
 from autockpt_core.policy.agreement import Agreement
 from autockpt_core.policy.process_group import AGREED, PeerFailedError, ProcessGroup
-from autockpt_core.policy.rank_timing import RankTimes
 
 __all__ = [
     "AGREED",
     "Agreement",
     "LightningRanks",
     "RankFailedError",
-    "agree",
     "check_strategy",
     "raise_if_any_failed",
 ]
@@ -98,20 +97,6 @@ class LightningRanks(ProcessGroup):
 
     def text_from(self, source: int, text: str) -> str:
         return str(self.trainer.strategy.broadcast(text, src=source))
-
-
-def agree(
-    trainer: pl.Trainer,
-    *,
-    save: bool = False,
-    unclean: bool = False,
-    signum: int | None = None,
-    failed: bool = False,
-    times: RankTimes = RankTimes(0.0, 0.0),
-) -> Agreement:
-    """One all-reduce (MAX) of the six numbers of :mod:`autockpt_core.policy.agreement` (every
-    rank calls it): rank 0's decisions, any rank's signal and failure, the slowest rank's times."""
-    return LightningRanks(trainer).agree(save=save, unclean=unclean, signum=signum, failed=failed, times=times)
 
 
 def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> None:
