@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, TypeVar, cast
@@ -339,11 +340,15 @@ def _check_optional_duration(field: str, value: Any, example: str) -> float | No
 
 
 def _check_int(field: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise ConfigError(field, value, "must be a whole number", f"pass an integer >= {minimum}")
+    """A whole number of any integral type (``numpy.int64`` too) or an integral float."""
+    if isinstance(value, bool):
+        raise ConfigError(field, value, "must be a whole number", f"pass an integer >= {minimum}")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif isinstance(value, numbers.Real) and float(value).is_integer():
+        value = int(value)
+    else:
+        raise ConfigError(field, value, "must be a whole number", f"pass an integer >= {minimum}")
     if value < minimum:
         raise ConfigError(field, value, f"must be at least {minimum}", f"pass an integer >= {minimum}")
     return value

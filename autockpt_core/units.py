@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 _DURATION_UNITS = {
@@ -59,14 +60,17 @@ def parse_duration(value: float | int | str) -> float:
     """
     if isinstance(value, bool):
         raise ValueError(f"a duration cannot be a boolean ({value!r})")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         seconds = float(value)
+    elif not isinstance(value, str):
+        raise ValueError(f"cannot read {value!r} as a duration; use seconds or e.g. '350ms', '6h', '1h30m'")
     else:
         text = value.strip().lower()
         parts = re.findall(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-zµ]*)", text)
         joined = "".join(n + u for n, u in parts)
-        if not parts or joined != re.sub(r"\s+", "", text):
-            raise ValueError(f"cannot read {value!r} as a duration; use seconds or e.g. '350ms', '6h'")
+        if not parts or joined != re.sub(r"\s+", "", text) or any(n[0] in "+-" for n, _u in parts[1:]):
+            # a sign inside a compound ("1h-30m") is not a duration anyone means: refused
+            raise ValueError(f"cannot read {value!r} as a duration; use seconds or e.g. '350ms', '6h', '1h30m'")
         seconds = 0.0
         for number, unit in parts:
             if unit and unit not in _DURATION_UNITS:
@@ -83,7 +87,7 @@ def parse_fraction(value: float | int | str) -> float:
     """Return a fraction for a number (already a fraction) or a string like "2%" or "0.02"."""
     if isinstance(value, bool):
         raise ValueError(f"a fraction cannot be a boolean ({value!r})")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         return float(value)
     number, unit = _split(value)
     if unit == "%":

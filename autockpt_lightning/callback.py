@@ -104,9 +104,9 @@ from autockpt_core import (
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
-from autockpt_core.persist.persist_process import PortableWrite
 from autockpt_core.policy.rank_timing import StepClock
-from autockpt_torch import WRITE_TREE, TorchSnapshotter, torch_buffer_pool, torch_shared_pool
+from autockpt_torch import TorchSnapshotter, torch_buffer_pool, torch_shared_pool
+from autockpt_torch.process_write import WRITE_RECORDS, portable_tree_write
 from autockpt_torch.staging import optimizer_owned
 
 from . import resume as _resume
@@ -417,7 +417,7 @@ class AutoCheckpoint(Callback):
             storage=self._storage,
             # sharded checkpoints are written by DCP's threads on every rank, never a persist process
             shared_buffers=torch_shared_pool if self._sharded is None else None,
-            persist_modules=(WRITE_TREE.partition(":")[0],),
+            persist_modules=(WRITE_RECORDS.partition(":")[0],),
             gpu=torch.cuda.is_available(),
             on_checkpoint_cost=self._snapshotter.record_cost,  # snapshot_mode "auto" measures
         )
@@ -552,7 +552,7 @@ class AutoCheckpoint(Callback):
             )
             # With the zip's own per-record CRC-32 (a second pass in the writer thread, on top
             # of the manifest's): without it zip tools reject the file (docs/benchmarks.md).
-            portable = PortableWrite(WRITE_TREE, {"tree": tree})  # save_tree(tree, file) in either persist mode
+            portable = portable_tree_write(tree, WRITE_RECORDS)  # torch.save(tree, file) in either persist mode
             return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode, portable=portable)
 
         stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)

@@ -13,7 +13,7 @@ import torch
 
 from autockpt_core import BufferPool
 from autockpt_core.persist.buffers import fault_in
-from autockpt_core.persist.shared_memory import SharedArena
+from autockpt_core.persist.shared_memory import SharedArena, private_fallback
 
 TENSOR_VIEW = "autockpt_torch.host_buffers:tensor_view"
 
@@ -29,21 +29,24 @@ def torch_buffer_pool(pin_memory: bool | None = None) -> BufferPool[torch.Tensor
 
 
 def torch_shared_pool(arena: SharedArena) -> BufferPool[torch.Tensor]:
-    """A :class:`BufferPool` of CPU tensors over shared-memory segments (not pinned), read by
-    the persist process (``Config.persist_mode="process"``)."""
+    """A :class:`BufferPool` of CPU tensors in shared-memory segments (not pinned), read by
+    the persist process (``Config.persist_mode="process"``); ordinary memory once segments
+    cannot be had (:func:`~autockpt_core.persist.shared_memory.private_fallback`)."""
 
-    def allocate(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
+    def shared(shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
         nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         return arena.new_buffer(tensor_view, TENSOR_VIEW, nbytes, dtype, tuple(shape))
 
+    allocate = private_fallback(arena, shared, lambda shape, dtype: torch.empty(shape, dtype=dtype))
     return BufferPool(allocate=allocate, nbytes=tensor_nbytes, release=arena.release, touch=touch_tensor)
 
 
-def tensor_view(memory: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A CPU tensor of ``dtype`` and ``shape`` over a mapped segment (both processes)."""
-    raw = torch.frombuffer(memory, dtype=torch.uint8)
+def tensor_view(memory: Any, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A CPU tensor of ``dtype`` and ``shape`` at ``offset`` of a mapped segment."""
+    count = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.frombuffer(memory, dtype=torch.uint8, count=count, offset=offset)
     return raw.view(dtype).reshape(shape)
 
 

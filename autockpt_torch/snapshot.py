@@ -56,7 +56,7 @@ def snapshot_tree(state: Any, pool: BufferPool[torch.Tensor], threads: int | Non
     return copied, total
 
 
-class _WriteErrorKeeper:
+class WriteErrorKeeper:
     """File wrapper that remembers the first exception the underlying ``write`` raised."""
 
     def __init__(self, raw: IO[bytes]) -> None:
@@ -91,7 +91,7 @@ def save_tree(tree: Any, file: IO[bytes], *, zip_crc32: bool = True) -> None:
     tools report CRC errors); autockpt's manifest checksum still covers every byte. If torch's
     private API changed, it falls back to ``torch.save``.
     """
-    keeper = _WriteErrorKeeper(file)
+    keeper = WriteErrorKeeper(file)
     try:
         if zip_crc32 or not _save_without_zip_crc(tree, keeper):
             torch.save(tree, keeper)  # type: ignore[arg-type]

@@ -4,7 +4,10 @@ Started by :class:`~.persist_process.PersistProcess` (see there for the protocol
 its end of the socket pair; ``ALIVE``: the read end of a pipe whose write end only the
 training process holds (end of file = the training process is gone: exit at once, whatever
 is being written; the next resume removes the temporary file); ``NICE``: the ``nice``
-increment. Imports only the core and numpy until a job names a function in another module.
+increment. Imports only the core and numpy until a job names a function in another module,
+and unpickles objects of ``CHILD_MODULES`` only: a message that needs anything else (a
+class of the training script) is answered with an error, which makes the training
+process's writer thread write that checkpoint itself.
 
 Signals: see :data:`IGNORED_SIGNALS`.
 
@@ -14,6 +17,7 @@ Threading: the main thread serves requests one at a time; a daemon thread watche
 from __future__ import annotations
 
 import importlib
+import io
 import mmap
 import os
 import pickle
@@ -25,7 +29,7 @@ import time
 import traceback
 from typing import Any
 
-from .persist_process import _recv, _send, resolve
+from .persist_process import _HEADER, CHILD_MODULES, _recv_exact, _send, resolve
 from .shared_memory import SharedRef, rebuild_tree
 from .storage import LocalStorage
 
@@ -58,9 +62,14 @@ class Server:
     def serve(self) -> None:
         while True:
             try:
-                message = _recv(self.sock)
+                frame = _recv_frame(self.sock)
             except (EOFError, ConnectionResetError):  # the training process closed (or died): done
                 return
+            try:
+                message = _loads(frame)
+            except Exception as exc:  # noqa: BLE001 - only a write's arguments can fail here
+                _send(self.sock, _error_reply(exc))
+                continue
             op = message["op"]
             if op == "exit":
                 return
@@ -85,7 +94,7 @@ class Server:
                 os.close(fd)
 
     def view(self, ref: SharedRef) -> Any:
-        return resolve(ref.kind)(self.segments[ref.segment], ref.dtype, ref.shape)
+        return resolve(ref.kind)(self.segments[ref.segment], ref.offset, ref.dtype, ref.shape)
 
     def _write(self, message: dict[str, Any]) -> dict[str, Any]:
         live = set(message["live"])
@@ -102,6 +111,26 @@ class Server:
             return _error_reply(exc)
         return {"ok": True, "result": (result.name, result.size, result.checksum, result.algorithm),
                 "seconds": time.perf_counter() - start}
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return _recv_exact(sock, length)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles objects of :data:`CHILD_MODULES` only: never the training script's classes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".")[0] not in CHILD_MODULES:
+            raise pickle.UnpicklingError(
+                f"the persist process does not load {module}.{name} (only objects of {', '.join(CHILD_MODULES)})"
+            )
+        return super().find_class(module, name)
+
+
+def _loads(frame: bytes) -> Any:
+    return _Unpickler(io.BytesIO(frame)).load()
 
 
 def _error_reply(exc: BaseException) -> dict[str, Any]:

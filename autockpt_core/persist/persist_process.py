@@ -5,13 +5,16 @@ training process, and every time it holds the GIL the training thread waits for 
 on the project's 2-core machine with ``examples/persist_interference.py`` (plain torch loop,
 100 MB of state, one torch thread; docs/benchmarks.md): a Python thread spinning next to
 training made steps 6.6× slower, a process spinning or copying memory on the other core
-1.06–1.17×. So the
-training process only hands a persist process the *skeleton* of the snapshot (its structure,
-with each buffer replaced by a :class:`~.shared_memory.SharedRef`), and that process, at a
-lower CPU priority (``NICENESS``), rebuilds the tree over the same shared memory and runs
-the same atomic write (:meth:`.storage.LocalStorage.write_atomic`: temporary file, fsync,
-rename, directory fsync). The manifest commit and retention stay in the training
-process's writer thread (small, and they order commits).
+1.06–1.17×. So the training process only hands a persist process a small description of the
+write (:meth:`PortableWrite.for_process_of`: its arguments, with each shared buffer replaced
+by a :class:`~.shared_memory.SharedRef`), and that process, at a lower CPU priority
+(``NICENESS``), rebuilds the arguments over the same shared memory and runs the same atomic
+write (:meth:`.storage.LocalStorage.write_atomic`: temporary file, fsync, rename, directory
+fsync). It unpickles objects of :data:`CHILD_MODULES` only, so a class defined in the
+training script never has to exist there. The manifest commit and retention stay in the
+training process's writer thread (small, and they order commits). When the persist process
+fails a write, the writer thread writes that checkpoint itself and every later one
+(:class:`~.writer.CheckpointWriter`), so the process never costs a checkpoint.
 
 Protocol (a Unix stream socket pair; frames are an 8-byte length and a pickle): ``segments``
 (followed by one message carrying the new segments' descriptors), ``import`` (modules to
@@ -42,9 +45,10 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import IO, Any, Callable
 
-from .shared_memory import SharedArena, share_tree
+from .shared_memory import NotShareable, SharedArena, share_arrays
 from .storage import LocalStorage, WriteResult
 
 log = logging.getLogger("autockpt")
@@ -57,23 +61,42 @@ FD_BATCH = 200
 CLOSE_TIMEOUT_S = 10.0
 MAX_FAILED_STARTS = 3
 CHILD_MODULE = "autockpt_core.persist.persist_child"
+CHILD_MODULES = ("builtins", "copyreg", "collections", "numpy", "ml_dtypes", "torch", "autockpt_core", "autockpt_torch")
+"""The only modules (and their submodules) whose objects the persist process unpickles; it
+never imports the training script's classes."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PortableWrite:
     """A snapshot's write as something another process can run.
 
-    ``function`` ("module:function") is called there as ``function(file, **kwargs)``; array
-    and tensor leaves of ``kwargs`` that are shared buffers travel as references, everything
-    else is pickled.
+    ``function`` ("module:function") is called as ``function(file, **kwargs)``: here by
+    :meth:`run` (the writer thread), or in the persist process with the kwargs
+    :meth:`for_process_of` makes: ``for_process(arena)`` when given (a write whose kwargs hold
+    objects the persist process must not unpickle, e.g. torch.save's tree: see
+    ``autockpt_torch.process_write``), else these kwargs with their shared numpy buffers as
+    references (:func:`~.shared_memory.share_arrays`). What is sent may contain builtins,
+    numpy arrays and dtypes, torch dtypes and references only (:data:`CHILD_MODULES`).
     """
 
     function: str
     kwargs: dict[str, Any]
+    for_process: Callable[[SharedArena], PortableWrite | None] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     def run(self, file: IO[bytes]) -> object:
         """Write here, in this process (the writer thread's path: the same function, the same bytes)."""
         return resolve(self.function)(file, **self.kwargs)
+
+    def for_process_of(self, arena: SharedArena) -> PortableWrite | None:
+        """The write the persist process runs over ``arena``; None when it cannot (writer thread)."""
+        if self.for_process is not None:
+            return self.for_process(arena)
+        try:
+            return PortableWrite(self.function, share_arrays(self.kwargs, arena))
+        except NotShareable:
+            return None
 
 
 def resolve(path: str) -> Callable[..., Any]:
@@ -105,6 +128,7 @@ class PersistProcess:
         """True once children kept dying before they were ready (see :meth:`start`)."""
         self.writes = 0
         """Checkpoint files this process (and its predecessors after a restart) wrote."""
+        _live_processes.add(self)
 
     @property
     def pid(self) -> int | None:
@@ -189,15 +213,15 @@ class PersistProcess:
     def write_atomic(self, storage: LocalStorage, name: str, write: PortableWrite) -> WriteResult:
         """Have the child write ``name`` atomically into ``storage``'s directory (writer thread).
 
-        Waits for the child's imports if it is not :meth:`ready` yet. Raises the child's
-        exception (e.g. ``OSError(ENOSPC)``), or :class:`PersistProcessError` if the child died
-        during the write; a new child is started at the next call.
+        ``write`` is what :meth:`PortableWrite.for_process_of` made. Waits for the child's
+        imports if it is not :meth:`ready` yet. Raises the child's exception (e.g.
+        ``OSError(ENOSPC)``), or :class:`PersistProcessError` if the child died during the
+        write (its temporary file may be left); a new child is started at the next call.
         """
         self.start()  # a child that died while idle is replaced here, silently
         sock = self._sock
         if sock is None:
-            raise PersistProcessError(f"autockpt's persist process is disabled (it kept dying before it was ready); {name} was not written")
-        skeleton = share_tree(write.kwargs, self._arena)
+            raise PersistProcessError(f"autockpt's persist process is disabled; {name} was not written by it")
         try:
             if not self._ready:  # its answer to "import" comes first
                 self._ready = _recv(sock).get("op") == "ready"
@@ -208,7 +232,7 @@ class PersistProcess:
                 socket.send_fds(sock, [b"F"], [fd for _sid, fd in batch])
             _send(sock, {
                 "op": "write", "root": str(storage.root), "fsync": storage.fsync, "name": name,
-                "function": write.function, "kwargs": skeleton, "live": self._arena.live_segments(),
+                "function": write.function, "kwargs": write.kwargs, "live": self._arena.live_segments(),
             })  # fmt: skip
             reply = _recv(sock)
         except (OSError, EOFError) as exc:
@@ -220,6 +244,17 @@ class PersistProcess:
         if isinstance(error, BaseException):
             raise error
         raise PersistProcessError(f"the persist process failed writing {name}: {reply.get('text', 'unknown error')}")
+
+    @property
+    def arena(self) -> SharedArena:
+        return self._arena
+
+    def disable(self) -> None:
+        """Stop using a child for the rest of the session (writer thread, after the writer
+        thread had to take a write over); the child is ended."""
+        with self._lock:
+            self.disabled = True
+            self._discard()
 
     def wait_ready(self, timeout: float) -> bool:
         """Block until :meth:`ready` (polling), at most ``timeout`` seconds; no persist may run."""
@@ -269,6 +304,33 @@ class PersistProcess:
             self._proc.kill()
             self._proc.wait()
         self._proc, self._sock, self._alive_w, self._ready = None, None, None, False
+
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: close the inherited ends (the persist process must see the
+        training process go when it dies, whatever it forked); the child is not ours to end."""
+        if self._sock is not None:
+            self._sock.close()
+        if self._alive_w is not None:
+            try:
+                os.close(self._alive_w)
+            except OSError:
+                pass
+        if self._proc is not None:
+            self._proc.returncode = 0  # not this process's child: nothing to wait for or warn about
+        self._proc, self._sock, self._alive_w, self._ready, self.disabled = None, None, None, False, True
+
+
+_live_processes: weakref.WeakSet[PersistProcess] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for process in list(_live_processes):
+        process._forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _HEADER = struct.Struct("<Q")

@@ -35,7 +35,7 @@ from .file_set import FileSetWrite, commit_file_set
 from .manifest import CheckpointRecord, next_seq, read_manifest, write_manifest
 from .persist_process import PersistProcess, PersistProcessError, PortableWrite
 from .retention import retain
-from .storage import LocalStorage, NotDurableError, Storage, location_of
+from .storage import LocalStorage, NotDurableError, Storage, WriteResult, location_of
 
 log = logging.getLogger("autockpt")
 
@@ -179,11 +179,8 @@ class CheckpointWriter:
                 job.ready()
             if job.file_set is not None:
                 result = commit_file_set(self._storage, job.file_set, job.name)
-            elif self._process is not None and job.portable is not None and self._process.ready():
-                assert isinstance(self._storage, LocalStorage)
-                result = self._process.write_atomic(self._storage, job.name, job.portable)
             else:
-                result = self._storage.write_atomic(job.name, job.write)
+                result = self._write_file(job)
             stage = "commit"
             records = read_manifest(self._storage)
             record = CheckpointRecord.from_write(
@@ -197,18 +194,41 @@ class CheckpointWriter:
         self._retain(record, records)
         return record
 
+    def _write_file(self, job: PersistJob) -> WriteResult:
+        """Step 1 in the persist process when it is ready and can run ``job``'s write, else here.
+
+        A write the process fails (it died, it could not load the arguments, any error of
+        its own) is written here instead, with a warning, and so is every later one: the
+        process never costs a checkpoint the writer thread would have written. An error of
+        this thread's own write is the checkpoint's failure.
+        """
+        process = self._process
+        if process is None or job.portable is None or not process.ready():
+            return self._storage.write_atomic(job.name, job.write)
+        assert isinstance(self._storage, LocalStorage)
+        for_process = job.portable.for_process_of(process.arena)
+        if for_process is None:
+            return self._storage.write_atomic(job.name, job.write)
+        try:
+            return process.write_atomic(self._storage, job.name, for_process)
+        except Exception as exc:  # noqa: BLE001 - any failure of the process: this thread writes
+            if isinstance(exc, PersistProcessError):  # it died mid-write: its temporary file may be left
+                try:
+                    self._storage.cleanup_temporaries()  # nothing else writes here: the session holds the lock
+                except OSError as removal:
+                    log.warning("autockpt: could not remove the persist process's temporary file (%s)", removal)
+            result = self._storage.write_atomic(job.name, job.write)
+            process.disable()
+            self._warn(
+                f"autockpt: the persist process failed writing {job.name} ({type(exc).__name__}: {exc}); "
+                "the writer thread wrote it instead and writes every later checkpoint of this session"
+            )
+            return result
+
     def _undo(self, stage: str, job: PersistJob, error: BaseException) -> PersistFailure:
         """Remove the new file where it is in place but not listed; say what is left."""
         if stage == "commit" and isinstance(error, NotDurableError):
             return self._failure_of("durable", job, error)  # listed: it stays
-        if stage == "write" and isinstance(error, PersistProcessError):
-            # The persist process died mid-write: its temporary file may be left. Nothing
-            # else writes in this directory now (the session holds its lock), so remove it.
-            try:
-                self._storage.cleanup_temporaries()
-            except OSError as removal:
-                return self._failure_of(stage, job, error, f"{self._storage.location} (temporary files)", removal)
-            return self._failure_of(stage, job, error)
         if stage == "write" and not isinstance(error, NotDurableError):
             # write_atomic removed its temporary file (commit_file_set its staging directory)
             return self._failure_of(stage, job, error)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from autockpt_core import Config, ConfigError
@@ -28,6 +29,9 @@ def test_defaults_and_units() -> None:
         ({"every_n_steps": 0}, "every_n_steps", "at least 1"),
         ({"every_n_steps": 2.5}, "every_n_steps", "whole number"),
         ({"every_n_steps": True}, "every_n_steps", "whole number"),
+        ({"every_n_steps": np.bool_(True)}, "every_n_steps", "whole number"),
+        ({"every_n_steps": np.float32(2.5)}, "every_n_steps", "whole number"),
+        ({"max_interval": "1h-30m"}, "max_interval", "'30min'"),
         ({"min_interval": "1h", "max_interval": "10min"}, "min_interval", "min_interval <= max_interval"),
         ({"max_interval": "soon"}, "max_interval", "'30min'"),
         ({"every_n_steps": 10, "min_interval": "30s"}, "every_n_steps", "min_interval=30.0 would be ignored"),
@@ -124,3 +128,19 @@ def test_storage_options_from_keywords_yaml_and_toml(tmp_path) -> None:
     given = Config(dirpath="s3://bucket/run", storage_options=options)
     assert Config.from_file(y) == Config.from_file(t) == given
     assert given.storage_options == options and given.storage_options is not options  # a copy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "value"),
+    [
+        ({"keep_last": np.int64(3)}, "keep_last", 3),
+        ({"every_n_steps": np.int32(7)}, "every_n_steps", 7),
+        ({"every_n_steps": np.float64(8.0)}, "every_n_steps", 8),
+        ({"warmup_steps": 4.0}, "warmup_steps", 4),
+        ({"mtbf": np.float32(3600)}, "mtbf", 3600.0),
+        ({"overhead_budget": np.float64(0.05)}, "overhead_budget", 0.05),
+    ],
+)
+def test_integral_and_real_numbers_of_any_type_are_accepted(kwargs: dict, field: str, value: object) -> None:
+    got = getattr(Config(dirpath="ckpts", **kwargs), field)
+    assert got == pytest.approx(value) and type(got) is type(value)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from autockpt_core.units import format_duration, format_size, parse_duration, parse_fraction, parse_size
@@ -16,19 +17,23 @@ from autockpt_core.units import format_duration, format_size, parse_duration, pa
         ("1h30m", 5400.0),
         ("120", 120.0),
         ("500us", 0.0005),
+        (np.float32(2.5), 2.5),
+        (np.int64(3), 3.0),
     ],
 )
 def test_parse_duration(text, seconds) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "abc", "6 parsecs", "h6", True])
+@pytest.mark.parametrize("text", ["", "abc", "6 parsecs", "h6", True, "1h-30m", "1h+30m", "2h -5m", np.bool_(True), None])
 def test_parse_duration_rejects(text) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
 
 
-@pytest.mark.parametrize(("text", "value"), [("2%", 0.02), ("0.05", 0.05), (0.1, 0.1), ("12.5%", 0.125)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("2%", 0.02), ("0.05", 0.05), (0.1, 0.1), ("12.5%", 0.125), (np.float64(0.03), 0.03)]
+)
 def test_parse_fraction(text, value) -> None:
     assert parse_fraction(text) == pytest.approx(value)
 

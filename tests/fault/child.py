@@ -16,7 +16,7 @@ Phases, and where the script reports them:
 ``sanity``     Lightning script: inside every validation step of the sanity check
 ``snapshot``   the script calls ``plan.hit("snapshot")`` inside the snapshot (phase 1)
 ``persist``    ``FaultStorage``: the checkpoint file is half written (temporary name); with
-               the persist process, :func:`write_tree_with_faults` in that process
+               the persist process, :func:`write_records_with_faults` in that process
 ``commit``     ``FaultStorage``: the file is renamed into place, the manifest not yet written
 ``retention``  ``FaultStorage``: the manifest dropped an old record, its file not yet deleted
 =============  ==========================================================================
@@ -29,7 +29,7 @@ rank and persist process at once, as torchrun tears a job down),
 ``sigterm`` (sends itself SIGTERM and goes on: the preemption path), ``enospc`` / ``eacces``
 (the write raises ``OSError``; persist phase only).
 
-Framework-free (stdlib and autockpt_core only; :func:`write_tree_with_faults` imports
+Framework-free (stdlib and autockpt_core only; :func:`write_records_with_faults` imports
 autockpt_torch when it runs). Test-only: nothing in the library reads these variables.
 
 With ``persist_mode="process"`` the checkpoint file is written by autockpt's persist process,
@@ -207,19 +207,19 @@ class FaultStorage(LocalStorage):
         super().delete(name)
 
 
-PROCESS_WRITE = "tests.fault.child:write_tree_with_faults"
-""":func:`write_tree_with_faults` by name, for ``PortableWrite`` (Lightning script, process mode)."""
+PROCESS_WRITE = "tests.fault.child:write_records_with_faults"
+""":func:`write_records_with_faults` by name, for the persist process (Lightning script, process mode)."""
 HALF = 2048
 """Bytes of a checkpoint file written before the persist phase is reported in the persist process."""
 _PROCESS_PLAN: FaultPlan | None = None  # the persist process's own count of persist hits
 
 
-def write_tree_with_faults(file: IO[bytes], *, tree: Any, zip_crc32: bool = True) -> None:
-    """``autockpt_torch.snapshot.write_tree`` in the persist process, reporting the persist
-    phase after :data:`HALF` bytes; the kill or signal reaches the training process (its
-    parent) first."""
+def write_records_with_faults(file: IO[bytes], *, records: Any, zip_crc32: bool = True) -> None:
+    """``autockpt_torch.process_write.write_records`` in the persist process, reporting the
+    persist phase after :data:`HALF` bytes; the kill or signal reaches the training process
+    (its parent) first."""
     global _PROCESS_PLAN
-    from autockpt_torch.snapshot import write_tree
+    from autockpt_torch.process_write import write_records
 
     if _PROCESS_PLAN is None:
         _PROCESS_PLAN = FaultPlan.from_env()
@@ -228,4 +228,4 @@ def write_tree_with_faults(file: IO[bytes], *, tree: Any, zip_crc32: bool = True
     def at_half() -> None:
         plan.hit("persist", target=os.getppid(), in_persist_process=True)
 
-    write_tree(_HalfWayFile(file, HALF, at_half), tree=tree, zip_crc32=zip_crc32)  # type: ignore[arg-type]
+    write_records(_HalfWayFile(file, HALF, at_half), records=records, zip_crc32=zip_crc32)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ batch 8, so 12 steps per epoch; a shuffled validation loader runs after each epo
 phase), keeps 2, and resumes automatically. Faults come from ``tests.fault.child``. With
 ``--persist-mode process`` the checkpoint files are written by autockpt's persist process
 (the script waits for it to be ready before training, so every checkpoint is) and the
-persist phase is reported there (``tests.fault.child.write_tree_with_faults``).
+persist phase is reported there (``tests.fault.child.write_records_with_faults``).
 
 ``--devices 2`` trains with DDP on 2 CPU processes (gloo): Lightning starts rank 1 running the
 same command; each rank draws its own dropout masks and reads its own shard of every epoch
@@ -158,7 +158,7 @@ def train(
     callback = None
     in_process = persist_mode == "process"
     if in_process:
-        callback_module.WRITE_TREE = PROCESS_WRITE  # type: ignore[misc]  # the checkpoint file's writer, by name
+        callback_module.WRITE_RECORDS = PROCESS_WRITE  # type: ignore[misc]  # the persist process's writer, by name
         extra_callbacks = (*extra_callbacks, WaitForPersistProcess())
     if not baseline:
         callback_kwargs.setdefault(

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
 from typing import IO, Any
 
 
-def write_bytes(file: IO[bytes], *, data: Any) -> None:
+@dataclasses.dataclass
+class Hyper:
+    """A class of the test's own module: the persist process must refuse to load it."""
+
+    n: int
+
+
+def raise_value_error(file: IO[bytes], *, data: Any) -> None:
+    raise ValueError("broken in the child")
+
+
+def write_bytes(file: IO[bytes], *, data: Any, extra: Any = None) -> None:
     file.write(memoryview(data).cast("B"))
 
 

@@ -20,11 +20,13 @@ from autockpt_core.errors import CheckpointWriteError
 from autockpt_core.persist import LocalStorage, read_manifest, read_tensor_file
 from autockpt_core.persist.persist_mode import choose_persist_mode, process_can_write
 from autockpt_core.persist.persist_process import PersistProcess, PortableWrite
-from autockpt_core.persist.shared_memory import SharedArena, numpy_shared_pool, shared_memory_supported
+from autockpt_core.persist.shared_memory import INLINE_LIMIT, SharedArena, numpy_shared_pool, shared_memory_supported
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
 from autockpt_core.persist.writer import CheckpointWriter, PersistJob
 
 needs_shm = pytest.mark.skipif(not shared_memory_supported(), reason="needs os.memfd_create (Linux)")
+
+from tests.core.persist.process_helpers import Hyper
 
 HELPERS = "tests.core.persist.process_helpers"
 ROOT = str(Path(__file__).resolve().parents[3])
@@ -57,7 +59,7 @@ def test_the_child_writes_a_safetensors_file_from_shared_buffers_atomically(shar
     arrays = _arrays(pool)
     storage = LocalStorage(tmp_path)
     assert process.wait_ready(60)
-    result = process.write_atomic(storage, "a.safetensors", PortableWrite(WRITE_TENSORS, {"arrays": arrays, "metadata": {"k": "v"}}))
+    result = process.write_atomic(storage, "a.safetensors", PortableWrite(WRITE_TENSORS, {"arrays": arrays, "metadata": {"k": "v"}}).for_process_of(process.arena))
     data = (tmp_path / "a.safetensors").read_bytes()
     assert result.size == len(data) and result.checksum == f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
     loaded, meta = read_tensor_file(data)
@@ -65,7 +67,7 @@ def test_the_child_writes_a_safetensors_file_from_shared_buffers_atomically(shar
     assert int(loaded["s"]) == 42 and meta == {"k": "v"}
     assert process.writes == 1 and not list(tmp_path.glob(".autockpt-tmp-*"))
     arrays["w"][0] = -1.0  # the child reads the same memory at the next write
-    process.write_atomic(storage, "b.safetensors", PortableWrite(WRITE_TENSORS, {"arrays": arrays}))
+    process.write_atomic(storage, "b.safetensors", PortableWrite(WRITE_TENSORS, {"arrays": arrays}).for_process_of(process.arena))
     assert read_tensor_file((tmp_path / "b.safetensors").read_bytes())[0]["w"][0] == -1.0
 
 
@@ -74,7 +76,7 @@ def test_the_childs_error_is_raised_here_with_its_errno(shared, tmp_path: Path) 
     _arena, pool, process = shared
     arrays = _arrays(pool)
     with pytest.raises(OSError) as info:
-        process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:disk_full", {"data": arrays["w"]}))
+        process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:disk_full", {"data": arrays["w"]}).for_process_of(process.arena))
     assert info.value.errno == errno.ENOSPC
     assert list(tmp_path.iterdir()) == []  # the child's write_atomic removed its temporary file
 
@@ -87,12 +89,17 @@ def test_a_child_that_died_while_idle_is_replaced_at_the_next_write(shared, tmp_
     first = process.pid
     os.kill(first, signal.SIGKILL)
     time.sleep(0.2)
-    process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:write_bytes", {"data": arrays["w"]}))
+    process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:write_bytes", {"data": arrays["w"]}).for_process_of(process.arena))
     assert process.pid != first and (tmp_path / "a.bin").read_bytes() == arrays["w"].tobytes()
 
 
+def _job(arrays, name: str, step: int, function: str, **kwargs: object) -> PersistJob:  # type: ignore[no-untyped-def]
+    portable = PortableWrite(function, {"data": arrays["w"], **kwargs})
+    return PersistJob(name, step, 0, "test", write=lambda f: f.write(b"thread"), portable=portable)
+
+
 @needs_shm
-def test_writer_commits_what_the_child_wrote_and_a_child_killed_mid_write_leaves_the_older_checkpoint(
+def test_a_child_killed_mid_write_costs_no_checkpoint_the_writer_thread_writes_it_and_the_later_ones(
     shared, tmp_path: Path
 ) -> None:
     _arena, pool, process = shared
@@ -100,25 +107,77 @@ def test_writer_commits_what_the_child_wrote_and_a_child_killed_mid_write_leaves
     storage = LocalStorage(tmp_path)
     writer = CheckpointWriter(storage, keep_last=2, process=process)
     assert process.wait_ready(60)
-
-    def job(name: str, step: int, function: str, **kwargs: object) -> PersistJob:
-        portable = PortableWrite(function, {"data": arrays["w"], **kwargs})
-        return PersistJob(name, step, 0, "test", write=lambda f: f.write(b"thread"), portable=portable)
-
-    writer.submit(job("ckpt-1.bin", 1, f"{HELPERS}:write_bytes"))
+    writer.submit(_job(arrays, "ckpt-1.bin", 1, f"{HELPERS}:write_bytes"))
     writer.wait()
     assert process.writes == 1 and (tmp_path / "ckpt-1.bin").read_bytes() == arrays["w"].tobytes()
     marker = tmp_path.parent / "marker"
-    writer.submit(job("ckpt-2.bin", 2, f"{HELPERS}:slow_write", marker=str(marker)))
+    writer.submit(_job(arrays, "ckpt-2.bin", 2, f"{HELPERS}:slow_write", marker=str(marker)))
     deadline = time.monotonic() + 30
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert list(tmp_path.glob(".autockpt-tmp-*"))  # mid-write
     os.kill(int(marker.read_text()), signal.SIGKILL)
-    with pytest.raises(CheckpointWriteError, match="persist process"):
+    with pytest.warns(RuntimeWarning, match="persist process failed writing ckpt-2.bin .*PersistProcessError"):
+        writer.wait()
+    assert [r.name for r in read_manifest(storage)] == ["ckpt-1.bin", "ckpt-2.bin"]
+    assert (tmp_path / "ckpt-2.bin").read_bytes() == b"thread"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autockpt-manifest.json", "ckpt-1.bin", "ckpt-2.bin"]
+    assert process.disabled and process.pid is None
+    writer.submit(_job(arrays, "ckpt-3.bin", 3, f"{HELPERS}:write_bytes"))
+    writer.wait()
+    assert (tmp_path / "ckpt-3.bin").read_bytes() == b"thread" and process.writes == 1
+
+
+@needs_shm
+@pytest.mark.parametrize(
+    ("function", "kwargs", "error"),
+    [
+        (f"{HELPERS}:write_bytes", {"extra": Hyper(3)}, "UnpicklingError.*does not load tests.core.persist.process_helpers.Hyper"),
+        (f"{HELPERS}:raise_value_error", {}, "ValueError: broken in the child"),
+        ("no_such_module:write", {}, "ModuleNotFoundError"),
+    ],
+)
+def test_any_failure_of_the_child_is_answered_by_the_writer_thread_writing_the_checkpoint(
+    shared, tmp_path: Path, function: str, kwargs: dict[str, object], error: str
+) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    storage = LocalStorage(tmp_path)
+    writer = CheckpointWriter(storage, keep_last=2, process=process)
+    assert process.wait_ready(60)
+    writer.submit(_job(arrays, "ckpt-1.bin", 1, function, **kwargs))
+    with pytest.warns(RuntimeWarning, match=error):
         writer.wait()
     assert [r.name for r in read_manifest(storage)] == ["ckpt-1.bin"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["autockpt-manifest.json", "ckpt-1.bin"]  # temporary removed
+    assert (tmp_path / "ckpt-1.bin").read_bytes() == b"thread" and process.disabled
+
+
+@needs_shm
+def test_a_storage_error_the_writer_thread_meets_too_is_the_checkpoints_failure(shared, tmp_path: Path) -> None:
+    _arena, pool, process = shared
+    arrays = _arrays(pool)
+    storage = LocalStorage(tmp_path)
+    writer = CheckpointWriter(storage, keep_last=2, process=process)
+    assert process.wait_ready(60)
+
+    def full(_file: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    portable = PortableWrite(f"{HELPERS}:disk_full", {"data": arrays["w"]})
+    writer.submit(PersistJob("ckpt-1.bin", 1, 0, "test", write=full, portable=portable))
+    with pytest.raises(CheckpointWriteError, match="No space left"):
+        writer.wait()
+    assert read_manifest(storage) == [] and list(tmp_path.iterdir()) == []
+    assert not process.disabled  # the storage failed, not the process
+
+
+@needs_shm
+def test_a_write_whose_large_arrays_are_not_shared_goes_to_the_writer_thread(shared, tmp_path: Path) -> None:
+    _arena, _pool, process = shared
+    private = np.zeros(INLINE_LIMIT // 4 + 1, dtype=np.float32)  # ordinary memory, over the limit
+    assert PortableWrite(f"{HELPERS}:write_bytes", {"data": private}).for_process_of(process.arena) is None
+    small = PortableWrite(f"{HELPERS}:write_bytes", {"data": private[:10]}).for_process_of(process.arena)
+    assert small is not None and small.kwargs["data"].nbytes == 40  # carried by value
 
 
 @needs_shm
@@ -143,6 +202,62 @@ def test_the_child_exits_when_the_training_process_is_sigkilled(tmp_path: Path) 
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+FORKING_TRAINER = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    from autockpt_core.persist.persist_process import PersistProcess
+    from autockpt_core.persist.shared_memory import SharedArena, numpy_shared_pool
+    arena = SharedArena()
+    pool = numpy_shared_pool(arena)
+    pool.begin_round()
+    state = pool.get("w", (16 << 20,), np.float32)  # 64 MiB of snapshot buffers
+    pool.end_round()
+    state[...] = 1.0
+    process = PersistProcess(arena)
+    assert process.wait_ready(60)
+    sleeper = os.fork()
+    if sleeper == 0:  # a long-lived helper the training script forked (a data-loader worker, a server)
+        print("forked", flush=True)  # after the fork hooks ran
+        time.sleep(120)
+        os._exit(0)
+    print(process.pid, sleeper, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def _memfd_in(pid: int) -> list[str]:
+    found = [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "autockpt-snapshot" in line]
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if "autockpt-snapshot" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                found.append(f"fd {fd}")
+        except OSError:
+            continue
+    return found
+
+
+@needs_shm
+def test_a_forked_child_keeps_neither_the_persist_process_nor_the_snapshot_memory_alive() -> None:
+    trainer = subprocess.Popen([sys.executable, "-c", FORKING_TRAINER], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert trainer.stdout is not None
+    lines = sorted([trainer.stdout.readline().strip(), trainer.stdout.readline().strip()])
+    assert lines[1] == "forked", lines
+    persist, sleeper = map(int, lines[0].split())
+    try:
+        assert _memfd_in(trainer.pid) and _memfd_in(sleeper) == []  # the fork let go of the segments at once
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+        deadline = time.monotonic() + 20
+        while _alive(persist) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(persist) and _alive(sleeper)  # the sleeper did not hold the alive pipe open
+        assert _memfd_in(sleeper) == []
+    finally:
+        os.kill(sleeper, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -208,7 +323,7 @@ def test_the_child_ignores_preemption_signals_sent_to_the_whole_group(shared, tm
         os.kill(process.pid, signum)
     time.sleep(0.2)
     pid = process.pid
-    process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:write_bytes", {"data": arrays["w"]}))
+    process.write_atomic(LocalStorage(tmp_path), "a.bin", PortableWrite(f"{HELPERS}:write_bytes", {"data": arrays["w"]}).for_process_of(process.arena))
     assert process.pid == pid and (tmp_path / "a.bin").exists()
 
 
