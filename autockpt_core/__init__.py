@@ -15,7 +15,14 @@ Imports no torch, tensorflow, keras, lightning or jax. The adapters (``autockpt_
 """
 
 from .config import Config
-from .errors import AutockptError, CheckpointWriteError, ConfigError, DirectoryLockedError, ResumeNotExactWarning
+from .errors import (
+    AutockptError,
+    CheckpointWriteError,
+    ConfigError,
+    DirectoryLockedError,
+    MirrorWriteError,
+    ResumeNotExactWarning,
+)
 from .persist import (
     MANIFEST_NAME,
     BufferPool,
@@ -60,6 +67,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "DirectoryLockedError",
+    "MirrorWriteError",
     "Estimates",
     "FsspecStorage",
     "IntervalChoice",

@@ -27,6 +27,9 @@ from .units import parse_duration, parse_fraction
 
 SCHEDULES = ("uniform", "front_loaded")
 SNAPSHOT_MODES = ("auto", "sync", "overlap", "device")
+LOCAL_SCHEMES = ("file://", "local://")
+"""URL schemes of the local filesystem: a ``dirpath`` or ``mirror`` with one is a local
+directory (``LocalStorage``: fsync, rename, lock), not fsspec's local backend, which never fsyncs."""
 PERSIST_MODES = ("auto", "thread", "process")
 """``persist_mode`` values; see :mod:`autockpt_core.persist.persist_mode`."""
 
@@ -36,7 +39,7 @@ class Config:
     """User settings for automatic checkpointing.
 
     Attributes:
-        dirpath: Directory, ``file://`` URL or fsspec URL (``s3://bucket/run``) the
+        dirpath: Directory, ``file://``/``local://`` URL or fsspec URL (``s3://bucket/run``) the
             checkpoints and the manifest go to.
         overhead_budget: Largest fraction of training time checkpointing may cost (0.02 = 2%).
         mtbf: Mean time between failures in seconds (or "6h"); enables Young/Daly.
@@ -87,6 +90,22 @@ class Config:
             checkpoint of either tier (a fresh node has only the mirror's). See
             ``docs/reliability.md``, "A local fast tier with a mirror".
         mirror_keep_last: How many checkpoints the mirror keeps (default: ``keep_last``).
+        mirror_max_failures: Failed uploads in a row after which training stops with
+            ``MirrorWriteError``. Each failure before is a ``RuntimeWarning``, and the upload is
+            tried again after 1, 2, 4, ... seconds (at most 60), with the newest checkpoint
+            committed by then. Default 5.
+        mirror_max_outage: Time without a successful upload (seconds or "30min") after which a
+            failed upload stops training even before ``mirror_max_failures``. Default "1h".
+        mirror_preempt_wait: How long an emergency checkpoint (preemption) waits for the mirror
+            once it is committed in ``dirpath`` (seconds or "60s"); an older upload still running
+            is abandoned first, so this one goes next. The run exits with 128 + signal whether
+            the upload finished or not; the message says which tier holds what. Default "60s".
+        allow_pickle: Lightning: load checkpoints with full unpickling, which runs code named
+            in the file. Off by default: a resume loads weights only (tensors, numbers, strings
+            and containers, and the classes registered with ``torch.serialization.add_safe_globals``),
+            so whoever can write ``dirpath`` or the mirror cannot run code on the training
+            nodes. Turn it on only if you trust everyone who can. Keras checkpoints hold no
+            pickles (safetensors and JSON). See ``docs/reliability.md``, "Trust".
     """
 
     dirpath: str
@@ -111,6 +130,10 @@ class Config:
     storage_options: Mapping[str, Any] | None = None
     mirror: str | None = None
     mirror_keep_last: int | None = None
+    mirror_max_failures: int = 5
+    mirror_max_outage: float = 3600.0
+    mirror_preempt_wait: float = 60.0
+    allow_pickle: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -151,9 +174,14 @@ class Config:
                 "mirror_keep_last", self.mirror_keep_last, "is the mirror's retention, but no mirror is set",
                 "set mirror='s3://bucket/run' (or another URL or directory), or drop mirror_keep_last",
             )
+        set_(self, "mirror_max_failures", _check_int("mirror_max_failures", self.mirror_max_failures, minimum=1))
+        for name, example in (("mirror_max_outage", "'30min'"), ("mirror_preempt_wait", "'60s'")):
+            set_(self, name, _check_optional_duration(name, getattr(self, name), example))
+            if getattr(self, name) is None:
+                raise ConfigError(name, None, "must be a duration", f"pass seconds or a string like {example}")
         set_(self, "warmup_steps", _check_int("warmup_steps", self.warmup_steps, minimum=0))
         set_(self, "profile_window", _check_int("profile_window", self.profile_window, minimum=3))
-        for name in ("async_persist", "resume", "adaptive", "verbose"):
+        for name in ("async_persist", "resume", "adaptive", "verbose", "allow_pickle"):
             set_(self, name, _check_bool(name, getattr(self, name)))
         if self.schedule not in SCHEDULES:
             raise ConfigError(
@@ -245,7 +273,7 @@ class Config:
 
 
 def _is_url(location: str | None) -> bool:
-    return location is not None and "://" in location and not location.startswith("file://")
+    return location is not None and "://" in location and not location.startswith(LOCAL_SCHEMES)
 
 
 def _check_mirror(value: Any, dirpath: str) -> str | None:
@@ -267,7 +295,8 @@ def _check_mirror(value: Any, dirpath: str) -> str | None:
 
 def _same_location(a: str, b: str) -> bool:
     def norm(text: str) -> str:
-        text = text[len("file://") :] if text.startswith("file://") else text
+        for scheme in LOCAL_SCHEMES:
+            text = text[len(scheme) :] if text.startswith(scheme) else text
         return text.rstrip("/") if _is_url(text) else os.path.abspath(os.path.expanduser(text))
 
     return norm(a) == norm(b)

@@ -10,38 +10,50 @@ record the step and the signal).
 
 from __future__ import annotations
 
+import logging
 import signal
 
 from .persist import location_of
-from .persist.tiers import same_checkpoint
 from .preemption import PreemptionRecord, exit_code
 from .session import CheckpointSession
 
 __all__ = ["commit_emergency"]
 
+log = logging.getLogger("autockpt")
+
 
 def commit_emergency(
     session: CheckpointSession | None, step: int, signum: int, *, on_preempt: str, verbose: bool
 ) -> PreemptionRecord:
-    """Block until the newest checkpoint is durable and listed (and uploaded to the mirror, if
-    any); print what happens next.
+    """Block until the newest checkpoint is durable and listed in ``dirpath``; with a mirror,
+    give it ``Config.mirror_preempt_wait`` to get there too (best effort); print what happens
+    next, naming which tier holds what.
 
-    Raises the persist's :class:`~autockpt_core.CheckpointWriteError` if it failed (the
-    previous checkpoint then stays the newest): a preemption never reports a checkpoint that
-    is not there.
+    Raises the persist's :class:`~autockpt_core.CheckpointWriteError` only if the checkpoint
+    is not committed in ``dirpath`` (the previous one then stays the newest): a preemption never
+    reports a checkpoint that is not there. A mirror that fails or is slow raises nothing here:
+    the local checkpoint is what a rerun on this node resumes from, and the run exits 128 + n.
     """
     name = signal.Signals(signum).name
     path = None
     if session is not None:
-        session.flush()  # durable and listed in the manifest before we go on
+        session.writer.wait()  # durable and listed in dirpath's manifest before we go on
         record = session.writer.last_record
         path = location_of(session.storage, record.name) if record is not None else None
+        mirror = session.mirror
+        in_mirror = ""
+        if record is not None and mirror is not None:
+            delivery = mirror.deliver(record, session.config.mirror_preempt_wait)
+            if delivery.uploaded:
+                in_mirror = f", and in the mirror {mirror.location}"
+            else:
+                newest = mirror.last_record
+                kept = f"its newest is step {newest.step}" if newest is not None else "it has none of this session"
+                in_mirror = f"; not in the mirror {mirror.location} ({delivery.problem}; {kept})"
+                log.warning("autockpt: checkpoint of step %d is committed in %s but not in the mirror %s: %s",
+                            step, path, mirror.location, delivery.problem)  # fmt: skip
         if verbose:
             then = f"exiting with status {exit_code(signum)}" if on_preempt == "exit" else "training continues"
-            what = f"checkpoint of step {step} committed ({path})" if path else f"nothing trained since step {step}"
-            mirror = session.mirror
-            if record is not None and mirror is not None and mirror.last_record is not None:
-                if same_checkpoint(mirror.last_record, record):
-                    what += f", and in the mirror {mirror.location}"
+            what = f"checkpoint of step {step} committed ({path}){in_mirror}" if path else f"nothing trained since step {step}"
             print(f"autockpt: {name} received; {what}; {then}", flush=True)
     return PreemptionRecord(step=step, signal=name, path=path)

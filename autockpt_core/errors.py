@@ -21,6 +21,7 @@ class ConfigError(AutockptError, ValueError):
     def __init__(self, field: str, value: object, problem: str, fix: str) -> None:
         self.field = field
         self.value = value
+        self.problem = problem
         super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
 
 
@@ -28,6 +29,13 @@ class CheckpointWriteError(AutockptError, RuntimeError):
     """Persisting a checkpoint failed (raised in the training thread).
 
     The message says what was left on disk; older checkpoints are never touched by a failure.
+    """
+
+
+class MirrorWriteError(CheckpointWriteError):
+    """Uploads to the mirror kept failing (``Config.mirror_max_failures``/``mirror_max_outage``).
+
+    The checkpoints are committed in ``dirpath``; the message names the mirror's newest one.
     """
 
 

@@ -30,19 +30,22 @@ Adapters only translate framework hooks into these calls (training thread, in th
    the copy overlap the next step (``Snapshot.pending``): it makes that step wait for the
    copy (CheckFreq's rule: the weights may not change before the snapshot holds them). The
    wait counts as stall. The writer thread waits for the copy before it serializes.
-5. ``finish()`` at the end: waits for the last persist, releases the directory lock (also
-   when it raises) and returns the :class:`RunSummary`. ``close()`` does the same without the
-   summary (idempotent: for failure paths). A session that is garbage-collected unreleased
+5. ``finish()`` at the end: waits for the last persist, releases the host buffers and the
+   directory lock (also when it raises) and returns the :class:`RunSummary`. ``close()``
+   does the same without the summary (idempotent: for failure paths). A session that is garbage-collected unreleased
    releases its lock then; a process that dies releases it at once.
 
-Preemption (``autockpt_core.preemption``): at the step boundary after a signal, ``save(...)``
-(unless ``saved_step`` already is this step), then ``flush()``, which returns once that
-checkpoint is committed (durable and listed in the manifest; with a mirror, uploaded and
-listed there too), then exit or continue.
+Preemption (``autockpt_core.preemption``, ``autockpt_core.emergency``): at the step boundary
+after a signal, ``save(...)`` (unless ``saved_step`` already is this step), then
+``commit_emergency``, which returns once that checkpoint is committed (durable and listed in
+the manifest) and, with a mirror, uploaded there or given up on after
+``config.mirror_preempt_wait``; then exit or continue.
 
 Mirror (``config.mirror``, :class:`~autockpt_core.persist.mirror.Mirror`): every checkpoint
-the writer commits is handed to the mirror thread, which uploads the newest one at a time;
-its errors surface like the writer's, and ``finish()`` waits for the last upload.
+the writer commits is handed to the mirror thread, which uploads the newest one at a time and
+retries failed uploads; only ``config.mirror_max_failures`` failures in a row (or
+``config.mirror_max_outage`` without a successful upload) surface, as ``MirrorWriteError``,
+like the writer's errors; ``finish()`` waits for the last upload.
 
 Background errors surface as :class:`CheckpointWriteError` from ``step_end``, ``save`` or
 ``finish``. The clock is injected (``clock``), so the whole engine runs in tests without a
@@ -55,6 +58,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol
@@ -165,7 +169,10 @@ class CheckpointSession:
         if config.mirror is not None:
             keep = config.mirror_keep_last if config.mirror_keep_last is not None else config.keep_last
             target = configured_storage(config.mirror, config.storage_options)
-            self.mirror = Mirror(self.storage, target, keep, clock=clock)
+            self.mirror = Mirror(
+                self.storage, target, keep, clock=clock,
+                max_failures=config.mirror_max_failures, max_outage=config.mirror_max_outage,
+            )  # fmt: skip
         self.persist_mode = choose_persist_mode(
             config.persist_mode,
             async_persist=config.async_persist,
@@ -196,6 +203,7 @@ class CheckpointSession:
             on_persisted=self._on_persisted,
             clock=clock,
             process=self._process,
+            protect=self.mirror.protected if self.mirror is not None else None,
         )
         self.last_decision: Decision | None = None
         self._start_time: float | None = None
@@ -216,6 +224,7 @@ class CheckpointSession:
         self.run: str | None = uuid.uuid4().hex
         """The run this session's records belong to: new, or the resumed checkpoint's."""
         self._opened = False
+        self._released_bytes = 0  # the host buffers' size when close() released them (for the summary)
         self._release_lock: weakref.finalize | None = None
         self.copied_from_mirror = False
         """``resume_record()`` found its checkpoint in the mirror only and copied it into ``dirpath``."""
@@ -255,8 +264,9 @@ class CheckpointSession:
                 finally:
                     if self.mirror is not None:
                         self.mirror.close()  # the last checkpoint reaches the mirror before the run ends
+                        self.writer.retain_again()  # what was kept for the mirror's sake may go now
             finally:
-                self.buffers.settle()  # a prefault still running ends before the run does
+                self._released_bytes = self.buffers.release_all() or self._released_bytes  # a prefault ends first
                 if self._process is not None:
                     self._process.close()  # a later save() starts it again
                 if self._release_lock is not None:
@@ -297,13 +307,49 @@ class CheckpointSession:
                 accept = committed_before(before, accept)
             record = find_latest_valid(self.storage, framework=self.framework, accept=accept)
         else:
-            record, tier = newest_of_tiers(self.storage, self.mirror.target, self.framework, accept, before)
-            if record is not None and tier is self.mirror.target:
-                record = hydrate(self.mirror.target, self.storage, record)
-                self.copied_from_mirror = True
+            try:
+                read_manifest(self.mirror.target)
+            except Exception as exc:  # noqa: BLE001 - any backend's error: resume from dirpath, say so
+                message = (
+                    f"autockpt: the mirror {self.mirror.location} cannot be read ({type(exc).__name__}: {exc}); "
+                    f"resuming from the newest checkpoint in {self.storage.location}"
+                )
+                log.warning(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                if before is not None:
+                    accept = committed_before(before, accept)
+                record, tier = find_latest_valid(self.storage, framework=self.framework, accept=accept), self.storage
+            else:
+                record, tier = self._newest_of_tiers(accept, before)
+                self.mirror.learn_twins(read_manifest(self.storage), read_manifest(self.mirror.target))
         if record is not None:
             self.run = record.run
         return record
+
+    def _newest_of_tiers(
+        self, accept: Callable[[CheckpointRecord], bool] | None, before: CheckpointRecord | None
+    ) -> tuple[CheckpointRecord | None, Storage | None]:
+        """:func:`newest_of_tiers`; a mirror checkpoint that wins is copied into ``dirpath``
+        (checked on the way; a corrupt or missing one is skipped with a warning for the next)."""
+        assert self.mirror is not None
+        skip: set[str] = set()
+        while True:
+            record, tier = newest_of_tiers(self.storage, self.mirror.target, self.framework, accept, before, skip)
+            if record is None or tier is not self.mirror.target:
+                return record, tier
+            try:
+                local = hydrate(self.mirror.target, self.storage, record)
+            except (ValueError, FileNotFoundError) as exc:  # the mirror's file is corrupt or gone
+                warnings.warn(
+                    f"autockpt: skipping checkpoint {record.name} (step {record.step}) in {self.mirror.location}: "
+                    f"{exc}; falling back to an older checkpoint",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                skip.add(record.name)
+                continue
+            self.copied_from_mirror = True
+            return local, self.storage
 
     def staging_directory(self) -> Path:
         """An empty staging directory in ``dirpath`` for the next multi-file checkpoint (a
@@ -514,7 +560,7 @@ class CheckpointSession:
         if overhead is not None:
             out["autockpt/overhead_pct"] = overhead * 100.0
         if self.buffers.peak_bytes:
-            out["autockpt/buffer_bytes"] = float(self.buffers.total_bytes)
+            out["autockpt/buffer_bytes"] = float(self.buffers.total_bytes or self._released_bytes)
             out["autockpt/buffer_peak_bytes"] = float(self.buffers.peak_bytes)
         return out
 
@@ -536,7 +582,7 @@ class CheckpointSession:
             else None,
             persist_s=est.persist_s,
             deferred=self.policy.deferred,
-            buffer_bytes=self.buffers.total_bytes,
+            buffer_bytes=self.buffers.total_bytes or self._released_bytes,
             buffer_peak_bytes=self.buffers.peak_bytes,
             copy_mode=self._copy_mode,
             mirror=self.mirror.location if self.mirror is not None else None,

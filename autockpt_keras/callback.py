@@ -68,6 +68,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 import warnings
 from types import FrameType
@@ -80,6 +81,7 @@ from autockpt_core import (
     CheckpointRecord,
     CheckpointSession,
     Config,
+    MirrorWriteError,
     Preempted,
     PreemptionHandler,
     PreemptionRecord,
@@ -100,6 +102,7 @@ from .copying import Copier, buffer_pool_for, copier_for
 from .data_stream import find_epoch_iterator
 from .exact_resume import ExactResume
 from .fit_frame import find_fit_frame, is_on_stack
+from .fit_watch import FitWatch
 from .input_checks import InputReport, inspect_inputs
 from .jax_state import optimizer_step
 from .processes import Processes, processes_for
@@ -193,6 +196,11 @@ class AutoCheckpoint(keras.callbacks.Callback):
             checkpoint is copied to in the background; ``dirpath`` is then the fast, node-local
             tier, and a resume takes the newest checkpoint of either (``Config.mirror``).
         mirror_keep_last: Checkpoints the mirror keeps (default ``keep_last``).
+        mirror_max_failures, mirror_max_outage: When failed uploads stop training (5 in a row,
+            or "1h" without a successful one); each failure before is a warning and is retried.
+        mirror_preempt_wait: How long an emergency checkpoint waits for the mirror ("60s").
+        allow_pickle: Lightning only (Keras checkpoints hold no pickles); accepted for one
+            shared configuration.
         config: A ready :class:`~autockpt_core.Config`; explicit settings above override it.
         save_on_train_end: Take a final checkpoint when ``fit()`` returns normally and the
             state advanced since the newest checkpoint, so a rerun with more epochs continues
@@ -248,6 +256,10 @@ class AutoCheckpoint(keras.callbacks.Callback):
         storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
         mirror: str | None = _DEFAULTS["mirror"],
         mirror_keep_last: int | None = _DEFAULTS["mirror_keep_last"],
+        mirror_max_failures: int = _DEFAULTS["mirror_max_failures"],
+        mirror_max_outage: float | str = _DEFAULTS["mirror_max_outage"],
+        mirror_preempt_wait: float | str = _DEFAULTS["mirror_preempt_wait"],
+        allow_pickle: bool = _DEFAULTS["allow_pickle"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,
@@ -265,6 +277,8 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._initial_epoch_to_put_back: tuple[Any] | None = None
         self._preemption: PreemptionHandler | None = None
         self._fit_frame: FrameType | None = None  # the running fit()'s frame, while it runs
+        self._watch: FitWatch | None = None  # releases the session of a fit() that raised elsewhere
+        self._release_lock = threading.Lock()
         self._session_open = False  # session created by on_train_begin and not finished yet
         self._processes: Processes = Processes()  # replaced per fit() (jax.distributed: several)
         self._step_clock = StepClock()  # this process's step times, combined in the agreement
@@ -346,9 +360,13 @@ class AutoCheckpoint(keras.callbacks.Callback):
         record = self._resume_record()
         if record is not None:
             self._restore(record)
+        # Keras has no hook for a fit() that raises: the signal handler checks that fit() still
+        # runs, and a watch releases the session once fit() is gone without on_train_end.
+        self._fit_frame = find_fit_frame(self.model)
+        if self._fit_frame is not None and self.session is not None:
+            self._watch = FitWatch(self._fit_frame, threading.get_ident(), self._release_after_failed_fit)
+            self._watch.start()
         if self.config.signals:
-            # Keras has no hook for a fit() that raises: the handler checks that fit() still runs.
-            self._fit_frame = find_fit_frame(self.model)
             self._preemption = PreemptionHandler(self.config.signals, alive=self._fit_is_running)
             self._preemption.install()
         if self.session is not None:
@@ -411,6 +429,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
 
     @_ends_fit_on_error
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._stop_watch()  # fit() ends through this hook: the session is finished here
         self._put_back_initial_epoch()
         self._require_exact().close()
         processes = self._processes
@@ -596,16 +615,34 @@ class AutoCheckpoint(keras.callbacks.Callback):
         when it is garbage-collected). Idempotent. Its in-flight persist completes; a persist
         error is logged, not raised (that fit is over, with its own exception).
         """
+        self._stop_watch()
         self._stop_preemption()
         self._put_back_initial_epoch()
         if self._exact is not None:
             self._exact.close()
-        if self.session is not None and self._session_open:
+        self._release_after_failed_fit()
+
+    def _release_after_failed_fit(self) -> None:
+        """Finish the session of a ``fit()`` that raised: its in-flight persist completes, the
+        host buffers and the directory lock are released (training thread, or the fit watch's
+        thread once ``fit()`` left the stack without ``on_train_end``). Idempotent."""
+        with self._release_lock:
+            if self.session is None or not self._session_open:
+                return
             self._session_open = False
             try:
                 self.session.finish()
             except Exception as exc:
-                log.error("autockpt: the checkpoint in flight when the previous fit() failed was not persisted: %s", exc)
+                if isinstance(exc, MirrorWriteError):
+                    log.error("autockpt: the checkpoints of the failed fit() are committed in %s, but the mirror "
+                              "does not have the newest: %s", self.config.dirpath, exc)  # fmt: skip
+                else:
+                    log.error("autockpt: the checkpoint in flight when the fit() failed was not persisted: %s", exc)
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -15,10 +15,12 @@ Call order (training thread, every rank):
 from __future__ import annotations
 
 import inspect
+import pickle
 import warnings
 from typing import Any, Mapping
 
 import lightning.pytorch as pl
+import torch
 
 from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
 from autockpt_core.persist import CheckpointRecord, location_of
@@ -37,6 +39,7 @@ def load_newest(
     session: CheckpointSession | None,
     verbose: bool,
     storage_options: Mapping[str, Any] | None = None,
+    allow_pickle: bool = False,
 ) -> int | None:
     """Restore modules and callbacks from the newest valid checkpoint; returns its step (every rank).
 
@@ -46,6 +49,8 @@ def load_newest(
     error on any rank (an unreadable manifest, a locked or unwritable dirpath, a checkpoint
     that does not fit the model) is raised on every rank.
     Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer already trained.
+    The file is loaded weights only (:func:`untrusted_load_error` explains a refusal), unless
+    ``allow_pickle`` (``Config.allow_pickle``).
     """
     # Auto-resume route (lightning 2.6). Trainer._run restores modules and callbacks from
     # fit()'s ckpt_path before on_fit_start and loops/optimizers right after it, both from
@@ -87,23 +92,49 @@ def load_newest(
         path, resumed = trainer.strategy.broadcast((path, resumed), src=0)
     if path is None:
         return resumed
-    # Our own file, verified against the manifest's checksum: full unpickling is needed
-    # for hparams such as argparse.Namespace, as with any Lightning .ckpt you trust.
-    # (Lightning releases before `weights_only` existed always unpickled fully.)
+    # The manifest's CRC-32 finds torn and corrupted files, not forged ones: whoever can write
+    # dirpath (or the mirror) can write a valid record too. So the file is loaded weights only.
     restore = connector._restore_modules_and_callbacks
     error = None
     try:
         with fetched(path, storage_options) as local:
             if "weights_only" in inspect.signature(restore).parameters:
-                restore(local, weights_only=False)
-            else:  # pragma: no cover - older Lightning
+                try:
+                    restore(local, weights_only=not allow_pickle)
+                except pickle.UnpicklingError as exc:
+                    raise untrusted_load_error(local, path, exc) from None
+            else:  # pragma: no cover - older Lightning, which always unpickles fully
                 restore(local)
+    except UntrustedCheckpointError as exc:
+        error = exc
     except RuntimeError as exc:
         error = _not_this_model(exc, path) if "state_dict" in str(exc) else exc
     except Exception as exc:
         error = exc
     raise_if_any_failed(trainer, error)  # a rank that cannot read the file must not leave the others waiting
     return resumed
+
+
+class UntrustedCheckpointError(AutockptError, RuntimeError):
+    """A checkpoint holds objects a weights-only load refuses (see :func:`untrusted_load_error`)."""
+
+
+def untrusted_load_error(local: str, path: str, exc: BaseException) -> UntrustedCheckpointError:
+    """The error for a checkpoint whose objects a weights-only load refused: which, and the fixes."""
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    try:
+        names = list(find(local)) if find is not None else []
+    except Exception:  # noqa: BLE001 - the names only improve the message
+        names = []
+    what = ", ".join(names) if names else f"objects a weights-only load refuses ({str(exc).splitlines()[-1]})"
+    classes = ", ".join(name.rpartition(".")[2] for name in names) or "YourClass"
+    return UntrustedCheckpointError(
+        f"autockpt: the checkpoint {path} holds {what}. Loading such objects runs code named in the file, "
+        "so autockpt loads weights only: anyone who can write dirpath or the mirror could otherwise run "
+        f"code here. Fix: if these classes are yours, allow them before fit(): "
+        f"torch.serialization.add_safe_globals([{classes}]); or pass allow_pickle=True if you trust everyone "
+        "who can write dirpath and the mirror."
+    )
 
 
 def _more_to_train(trainer: pl.Trainer, record: CheckpointRecord) -> bool:

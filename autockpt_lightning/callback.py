@@ -96,6 +96,7 @@ from autockpt_core import (
     CheckpointSession,
     Config,
     Decision,
+    MirrorWriteError,
     Preempted,
     PreemptionHandler,
     PreemptionRecord,
@@ -193,6 +194,10 @@ class AutoCheckpoint(Callback):
         storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
         mirror: str | None = _DEFAULTS["mirror"],
         mirror_keep_last: int | None = _DEFAULTS["mirror_keep_last"],
+        mirror_max_failures: int = _DEFAULTS["mirror_max_failures"],
+        mirror_max_outage: float | str = _DEFAULTS["mirror_max_outage"],
+        mirror_preempt_wait: float | str = _DEFAULTS["mirror_preempt_wait"],
+        allow_pickle: bool = _DEFAULTS["allow_pickle"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,
@@ -264,7 +269,9 @@ class AutoCheckpoint(Callback):
         self._reset_fit_state(trainer)
         self._start_preemption(trainer)  # a signal during the resume or the sanity check counts too
         if self.config.resume:
-            self.resumed_from = load_newest(trainer, self._session, self.config.verbose, self.config.storage_options)
+            self.resumed_from = load_newest(
+                trainer, self._session, self.config.verbose, self.config.storage_options, self.config.allow_pickle
+            )
         self._saved_step = self.resumed_from
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -453,7 +460,10 @@ class AutoCheckpoint(Callback):
                 if self.config.verbose and self._trained and raise_errors:
                     print(summary.line(), flush=True)
         if not raise_errors:
-            if error is not None:
+            if isinstance(error, MirrorWriteError):
+                log.error("autockpt: the checkpoints of the failed run are committed in %s, but the mirror "
+                          "does not have the newest: %s", self.config.dirpath, error)  # fmt: skip
+            elif error is not None:
                 log.error("autockpt: the checkpoint in flight when training failed was not persisted: %s", error)
             return
         raise_if_any_failed(trainer, error)

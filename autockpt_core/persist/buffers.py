@@ -160,6 +160,17 @@ class BufferPool(Generic[B]):
         for key in [k for k in self._buffers if k not in self._used]:
             self._drop(self._buffers.pop(key)[2])
 
+    def release_all(self) -> int:
+        """Drop every buffer (training thread, no snapshot or persist using them); returns the
+        bytes released. The next snapshot allocates again (the session's end: memory is not
+        held while a finished callback lives on, e.g. in a notebook)."""
+        self.settle()
+        released = self._total
+        for _shape, _dtype, buffer in self._buffers.values():
+            self._drop(buffer)
+        self._buffers, self._used, self._total = {}, set(), 0
+        return released
+
     def _drop(self, buffer: B) -> None:
         self._total -= self._nbytes(buffer)
         if self._release is not None:

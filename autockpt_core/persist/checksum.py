@@ -49,14 +49,20 @@ class HashingWriter:
       in one call of up to ``coalesce`` bytes: torch.save issues about 40 tiny writes per
       tensor, each a system call on an unbuffered file. Call :meth:`flush` (the storage
       does) before fsync.
+    - With ``max_write`` > 0, no single call of the underlying ``write`` gets more than that
+      many bytes: an fsspec file copies what it is given into its upload buffer, so a large
+      tensor passed whole would be held twice in memory.
 
     Threading: one writer thread uses an instance. The CRC helper thread is started at the
     first large write and stopped by :meth:`close` (the storage calls it; an instance that is
     garbage-collected without it stops its helper too).
     """
 
-    def __init__(self, raw: IO[bytes], *, coalesce: int = 0, parallel_min: int = PARALLEL_MIN) -> None:
+    def __init__(
+        self, raw: IO[bytes], *, coalesce: int = 0, parallel_min: int = PARALLEL_MIN, max_write: int = 0
+    ) -> None:
         self._raw = raw
+        self._max_write = max(0, int(max_write))
         self._hash = Crc32()
         self._coalesce = max(0, int(coalesce))
         self._parallel_min = parallel_min
@@ -111,10 +117,11 @@ class HashingWriter:
         n = len(view)
         done = 0
         while done < n:
-            written = self._raw.write(view[done:])
+            end = min(n, done + self._max_write) if self._max_write else n
+            written = self._raw.write(view[done:end])
             if written == 0:
                 raise OSError(f"write made no progress after {self.size + done} bytes")
-            done += n - done if written is None else written
+            done += end - done if written is None else written
 
     def flush(self) -> None:
         """Pass on gathered small writes, then flush the underlying file."""

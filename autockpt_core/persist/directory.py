@@ -10,13 +10,18 @@ A mirror (``Config.mirror``) is probed the same way, after ``dirpath``.
 
 from __future__ import annotations
 
+import logging
 import uuid
+import warnings
 
 from ..errors import ConfigError
 from .failures import fix_for
 from .leftovers import remove_leftovers
 from .lock import DirectoryLock, lock_directory
+from .manifest import read_manifest
 from .storage import TEMP_PREFIX, Storage
+
+log = logging.getLogger("autockpt")
 
 
 def open_directory(
@@ -37,7 +42,7 @@ def open_directory(
     try:
         probe(storage)
         if mirror is not None:
-            probe(mirror, field="mirror")
+            probe_mirror(storage, mirror, framework, resume)
         if lock is not None and resume:
             remove_leftovers(storage, lock.path.parent, suffix)
     except BaseException:
@@ -45,6 +50,27 @@ def open_directory(
             lock.release()
         raise
     return lock
+
+
+def probe_mirror(storage: Storage, mirror: Storage, framework: str, resume: bool) -> None:
+    """Probe the mirror; a failure is a ``ConfigError`` (field ``mirror``) on a first start, and
+    only a warning when this run resumes from checkpoints of its own in ``dirpath`` (an outage
+    must not keep a job from going on: uploads are retried, see :mod:`.mirror`)."""
+    try:
+        probe(mirror, field="mirror")
+    except ConfigError as exc:
+        try:
+            local = resume and any(r.framework == framework for r in read_manifest(storage))
+        except Exception:  # noqa: BLE001 - an unreadable dirpath manifest: the resume reports it
+            local = False
+        if not local:
+            raise
+        message = (
+            f"autockpt: the mirror {mirror.location} cannot be written now ({exc.problem}); training goes on "
+            f"from the checkpoints in {storage.location}, and uploads are tried again at every checkpoint"
+        )
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
 def probe(storage: Storage, field: str = "dirpath") -> None:

@@ -1,10 +1,13 @@
-"""One writer per checkpoint directory: an exclusive ``flock`` on ``autockpt.lock`` in it.
+"""One writer per checkpoint directory: an exclusive ``flock`` on the directory itself.
 
 A session takes the lock when it opens (``CheckpointSession.open``) and gives it back in
 ``finish()`` or ``close()``; the operating system drops it when the process dies (SIGKILL
-included), so a crash never leaves a stale lock. The file names its holder (host, pid,
-framework, start time) for the error a second session gets. A released lock removes its file;
-a killed holder's file stays, unlocked, and the next session takes it over.
+included), so a crash never leaves a stale lock. The lock is on the directory's own inode, so
+removing a file cannot let a second writer in. ``autockpt.lock`` in it names the holder (host,
+pid, framework, start time) for the error a second session gets, and is locked as well (what
+sessions of earlier autockpt releases lock); it is opened without following a symbolic link,
+so a link planted there is refused instead of overwriting its target. A released lock removes
+its file; a killed holder's file stays, unlocked, and the next session takes it over.
 
 Threading and processes: one :class:`DirectoryLock` per session, taken and released on the
 training thread. A second lock on the same directory fails inside one process too (flock
@@ -65,11 +68,12 @@ class Holder:
 class DirectoryLock:
     """A held lock on one directory; :meth:`release` is idempotent."""
 
-    def __init__(self, path: Path, fd: int, holder: Holder) -> None:
+    def __init__(self, path: Path, dir_fd: int, fd: int, holder: Holder) -> None:
         self.path = path
         self.holder = holder
+        self._dir_fd: int | None = dir_fd
         self._fd: int | None = fd
-        self.key = _file_key(fd)
+        self.key = _file_key(dir_fd)
 
     @property
     def held(self) -> bool:
@@ -79,41 +83,56 @@ class DirectoryLock:
     def acquire(cls, directory: Path, holder: Holder) -> DirectoryLock | None:
         """Lock ``directory`` (created if missing) or raise :class:`DirectoryLockedError`.
 
-        Returns None, with a ``RuntimeWarning``, where the filesystem cannot lock. Other
-        ``OSError`` (the path is a file, no permission) propagate.
+        Returns None, with a ``RuntimeWarning``, where the filesystem cannot lock. A lock file
+        that is a symbolic link raises ``OSError(ELOOP)`` naming it; other ``OSError`` (the path
+        is a file, no permission) propagate.
         """
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / LOCK_NAME
         collected = False
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                key, text = _file_key(fd), _read(fd)
-                os.close(fd)
+                key = _file_key(dir_fd)
+                os.close(dir_fd)
                 if _held_here(key) and not collected:
                     # An unreachable session of this process releases its lock when collected.
                     collected = True
                     gc.collect()
                     continue
-                raise _locked_error(directory, text, same_process=_held_here(key)) from None
+                raise _locked_error(directory, _read_holder(path), same_process=_held_here(key)) from None
             except OSError as exc:
-                os.close(fd)
+                os.close(dir_fd)
                 if exc.errno not in _UNSUPPORTED:
                     raise
                 _warn_unsupported(directory, exc)
                 return None
-            if not _same_file(fd, path):  # its holder released (and removed) it meanwhile
+            try:
+                fd = _open_lock_file(path)
+            except BaseException:
+                os.close(dir_fd)  # closing unlocks
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a session of an earlier release
+            except BlockingIOError:
+                text = _read(fd)
                 os.close(fd)
-                continue
+                os.close(dir_fd)
+                raise _locked_error(directory, text, same_process=False) from None
+            except BaseException:
+                os.close(fd)
+                os.close(dir_fd)
+                raise
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, json.dumps(dataclasses.asdict(holder)).encode("utf-8"), 0)
             except BaseException:  # e.g. ENOSPC: closing unlocks
                 os.close(fd)
+                os.close(dir_fd)
                 raise
-            lock = cls(path, fd, holder)
+            lock = cls(path, dir_fd, fd, holder)
             with _held_guard:
                 _held.add(lock)
             return lock
@@ -122,11 +141,12 @@ class DirectoryLock:
         """Remove the lock file, then unlock. Idempotent; a no-op in a forked child."""
         with _held_guard:
             fd, self._fd = self._fd, None
+            dir_fd, self._dir_fd = self._dir_fd, None
             _held.discard(self)
         if fd is None:
             return
         try:
-            os.unlink(self.path)  # before unlocking: a waiter that locked the old file sees it gone
+            os.unlink(self.path)
         except FileNotFoundError:
             pass
         except OSError as exc:  # harmless: the next session takes the unlocked file over
@@ -135,12 +155,45 @@ class DirectoryLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            if dir_fd is not None:
+                try:
+                    fcntl.flock(dir_fd, fcntl.LOCK_UN)
+                finally:
+                    os.close(dir_fd)
 
     def _forget(self) -> None:
-        """In a forked child: close the inherited descriptor without unlocking the parent's lock."""
+        """In a forked child: close the inherited descriptors without unlocking the parent's lock."""
         fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        dir_fd, self._dir_fd = self._dir_fd, None
+        for descriptor in (fd, dir_fd):
+            if descriptor is not None:
+                os.close(descriptor)
+
+
+def _open_lock_file(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP,
+                f"{path} is a symbolic link; autockpt writes its lock file itself and does not follow links "
+                "there (it would overwrite the target). Remove the link",
+                str(path),
+            ) from None
+        raise
+
+
+def _read_holder(path: Path) -> str:
+    """The holder text of a lock file, without following a link; empty when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        return _read(fd)
+    finally:
+        os.close(fd)
 
 
 def lock_directory(storage: Storage, framework: str) -> DirectoryLock | None:
@@ -184,14 +237,6 @@ def _read(fd: int) -> str:
 def _file_key(fd: int) -> tuple[int, int]:
     st = os.fstat(fd)
     return st.st_dev, st.st_ino
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == _file_key(fd)
 
 
 def _held_here(key: tuple[int, int]) -> bool:

@@ -14,29 +14,60 @@ a mirror slower than the checkpoint interval uploads the newest checkpoint next 
 the ones in between (counted in ``superseded``). It never holds up training or the fast tier.
 A record whose fast-tier file retention removed before its upload began is skipped the same way.
 
-Threading: ``submit`` from any thread (the writer thread calls it); ``wait``, ``raise_if_failed``
-and ``close`` from the training thread. Uploads run in a non-daemon thread, so an interpreter
-that exits finishes the upload it started. A failed upload is stored and raised, once, in the
-training thread as :class:`~autockpt_core.errors.CheckpointWriteError` by the next
-``raise_if_failed`` or ``wait``: the checkpoint stays committed in the fast tier and the
-mirror keeps its previous newest checkpoint. Retention problems come back as warnings.
+The fast tier keeps the twin of the mirror's newest checkpoint (:meth:`Mirror.protected`, which
+the writer's retention spares) until a newer upload is listed: a rerun on the same node can then
+tell that its newer local checkpoints continued from the mirror's newest (:mod:`.tiers`), even
+when uploads lag the interval by ``keep_last`` checkpoints or more.
+
+Failures (:class:`Mirror` arguments ``max_failures``, ``max_outage``): a failed upload is a
+warning (logged, and a ``RuntimeWarning`` in the training thread) and is tried again after
+1, 2, 4, ... seconds (at most 60; with the newest checkpoint committed by then). Only
+``max_failures`` failures in a row, or a failure ``max_outage`` seconds after the last
+successful upload (or the mirror's start), is an error: stored and raised, once, in the
+training thread as :class:`~autockpt_core.errors.MirrorWriteError` by the next
+``raise_if_failed`` or ``wait``. The checkpoint stays committed in the fast tier and the mirror
+keeps its previous newest checkpoint.
+
+Preemption (:meth:`Mirror.deliver`): the emergency checkpoint is committed in the fast tier
+first; then an older upload still running is abandoned (its partial copy removed, nothing
+listed) so this one goes next, and the training thread waits for it at most a bounded time.
+Whatever the outcome, nothing is raised there: the result says which tier holds what.
+
+Threading: ``submit`` from any thread (the writer thread calls it); ``wait``, ``deliver``,
+``raise_if_failed`` and ``close`` from the training thread. Uploads run in a daemon thread:
+``close()`` (the session's end) waits for them, and an upload that hangs in the network after
+a preemption must not keep the process from exiting (an upload cut short leaves nothing listed
+in the mirror). Retention problems come back as warnings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import warnings
+from collections.abc import Collection
 from typing import Callable
 
-from ..errors import CheckpointWriteError
-from .manifest import CheckpointRecord, read_manifest
+from ..errors import MirrorWriteError
+from .manifest import CheckpointRecord, commit_order, read_manifest
 from .retention import retain
 from .storage import Storage
-from .tiers import copy_checkpoint
+from .tiers import UploadAbandoned, copy_checkpoint, same_checkpoint
 
 log = logging.getLogger("autockpt")
+
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """What :meth:`Mirror.deliver` found: ``uploaded``, else why not (``problem``)."""
+
+    uploaded: bool
+    problem: str | None = None
 
 
 class Mirror:
@@ -53,9 +84,16 @@ class Mirror:
         keep_last: int,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        max_failures: int = 5,
+        max_outage: float = 3600.0,
+        retry_first_s: float = RETRY_FIRST_S,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self._max_failures = max_failures
+        self._max_outage = max_outage
+        self.retry_first_s = retry_first_s
+        """The delay before the first retry (doubled for each failure in a row, at most 60 s)."""
         self.source = source
         self.target = target
         self._keep_last = keep_last
@@ -71,7 +109,38 @@ class Mirror:
         """The mirror's record of the newest checkpoint this mirror uploaded."""
         self.mirrored = 0
         self.superseded = 0
+        self.failed_uploads = 0
+        """Uploads that failed (each retried, or the last one raised)."""
         self.last_upload_s: float | None = None
+        self._failures_in_row = 0
+        self._last_success = clock()
+        self._current: CheckpointRecord | None = None
+        self._abandon = False
+        self._uploaded: CheckpointRecord | None = None  # the fast tier's record of the newest upload
+        self._last_problem: str | None = None
+        self._no_retries = False
+        self._gave_up = False  # deliver() gave up on an upload: close() does not wait for it
+        self._failed_record: CheckpointRecord | None = None  # the record of the stored failure
+        self._twins: dict[tuple[str, str | None], str] = {}  # (framework, run) -> fast-tier name
+
+    def protected(self) -> Collection[str]:
+        """Fast-tier names retention must keep (writer thread; no I/O): per framework and run,
+        the checkpoint whose copy is the mirror's newest, as :meth:`learn_twins` found it at
+        the start and the uploads since keep it."""
+        with self._cond:
+            return set(self._twins.values())
+
+    def learn_twins(self, local: list[CheckpointRecord], mirrored: list[CheckpointRecord]) -> None:
+        """Training thread, at resume: note the fast tier's twin of the mirror's newest record
+        of each framework and run, from both manifests (``local``: the fast tier's)."""
+        newest: dict[tuple[str, str | None], CheckpointRecord] = {}
+        for record in sorted(mirrored, key=commit_order):
+            newest[(record.framework, record.run)] = record
+        with self._cond:
+            for key, record in newest.items():
+                matches = [r for r in local if same_checkpoint(r, record)]
+                if matches:
+                    self._twins.setdefault(key, matches[-1].name)
 
     @property
     def location(self) -> str:
@@ -90,18 +159,22 @@ class Mirror:
                 self.superseded += 1
                 log.info("autockpt: mirror skips %s (step %d): a newer checkpoint is committed",
                          self._pending.name, self._pending.step)  # fmt: skip
-            self._pending = record
+            self._pending, self._gave_up, self._no_retries = record, False, False
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._loop, name="autockpt-mirror").start()
+                # A daemon: close() waits for the uploads, so only one deliver() gave up on (or one
+                # left when a process ends without close()) is cut short at exit.
+                threading.Thread(target=self._loop, name="autockpt-mirror", daemon=True).start()
+            self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted record is uploaded (or skipped); then raise a stored error.
 
-        Returns False when ``timeout`` passed first (no error is raised then).
+        Returns False when ``timeout`` passed first (no error is raised then). Returns at once
+        after :meth:`deliver` gave up on an upload (nothing was submitted since).
         """
         with self._cond:
-            done = self._cond.wait_for(lambda: not self._running, timeout)
+            done = self._cond.wait_for(lambda: not self._running or self._gave_up, timeout)
         if done:
             self.raise_if_failed()
         return done
@@ -110,36 +183,110 @@ class Mirror:
         """Issue stored retention warnings, then raise a stored upload failure; each once."""
         with self._cond:
             message, cause, self._failure, self._cause = self._failure, self._cause, None, None
+            self._failed_record = None
             pending, self._warnings = self._warnings, []
         for text in pending:
             warnings.warn(text, RuntimeWarning, stacklevel=3)
         if message is not None:
-            raise CheckpointWriteError(message) from cause
+            raise MirrorWriteError(message) from cause
 
     def close(self) -> None:
         """Finish the uploads still to do and surface their error."""
         self.wait()
 
+    def deliver(self, record: CheckpointRecord, timeout: float) -> Delivery:
+        """Preemption: get ``record`` (committed in the fast tier and submitted) into the mirror
+        within ``timeout`` seconds, best effort (training thread; never raises).
+
+        An older upload still running is abandoned first. A stored failure or a failure of this
+        upload is reported in the result, not raised; retries stop. On a timeout the upload is
+        abandoned, so the process can exit at once.
+        """
+        deadline = self._clock() + timeout
+        with self._cond:
+            if self._current is not None and self._current is not record and self._pending is record:
+                self._abandon = True  # an older checkpoint's upload: the newest goes next
+            self._no_retries = True  # the job is going away
+            done = self._cond.wait_for(lambda: self._done_with(record), max(0.0, deadline - self._clock()))
+            uploaded = self._uploaded is not None and same_checkpoint(self._uploaded, record)
+            problem = self._failure if self._failed_record is record else self._last_problem
+            self._failure, self._cause, self._failed_record = None, None, None
+            if not done:
+                problem = f"the upload did not finish within {timeout:g}s and was abandoned"
+            if not uploaded:  # nothing more is tried, and close() does not wait (a submit undoes this)
+                self._abandon, self._pending, self._gave_up = True, None, True
+                self._cond.notify_all()
+        if uploaded:
+            return Delivery(True)
+        return Delivery(False, problem or "the upload did not happen")
+
     # -- mirror thread ----------------------------------------------------------------------
+
+    def _done_with(self, record: CheckpointRecord) -> bool:
+        """(under the lock) ``record`` was uploaded, failed for good, or nothing is left to do."""
+        if self._uploaded is not None and same_checkpoint(self._uploaded, record):
+            return True
+        return (self._failure is not None and self._failed_record is record) or not self._running
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 record, self._pending = self._pending, None
                 if record is None:
-                    self._running = False
+                    self._running, self._current = False, None
                     self._cond.notify_all()
                     return
+                self._current, self._abandon = record, False
             try:
                 self._upload(record)
-            except BaseException as exc:  # stored, raised in the training thread
+            except UploadAbandoned:
+                log.info("autockpt: mirror upload of %s (step %d) abandoned", record.name, record.step)
+            except BaseException as exc:  # retried, or stored and raised in the training thread
+                self._failed(record, exc)
+            else:
                 with self._cond:
-                    self._failure, self._cause = self._describe(record, exc), exc
+                    self._failures_in_row, self._last_success, self._last_problem = 0, self._clock(), None
+                    self._uploaded = record
+                    self._cond.notify_all()
+
+    def _failed(self, record: CheckpointRecord, exc: BaseException) -> None:
+        """Mirror thread: count the failure; give up (stored error) or retry after a delay."""
+        with self._cond:
+            self.failed_uploads += 1
+            self._failures_in_row += 1
+            outage = self._clock() - self._last_success
+            limit = 1 if self._no_retries else self._max_failures
+            if self._failures_in_row >= limit or outage >= self._max_outage:
+                why = (
+                    f"{self._failures_in_row} failed upload(s) in a row"
+                    if self._failures_in_row >= limit
+                    else f"no successful upload for {outage:.0f}s"
+                )
+                self._failure, self._cause = self._describe(record, exc, why), exc
+                self._failed_record, self._failures_in_row = record, 0  # reported: a new count starts
+                self._cond.notify_all()
+                return
+            delay = min(RETRY_MAX_S, self.retry_first_s * 2 ** (self._failures_in_row - 1))
+            text = (
+                f"autockpt: upload {self._failures_in_row} of {record.name} (step {record.step}) to "
+                f"{self.target.location} failed ({type(exc).__name__}: {exc}); trying again in {delay:g}s "
+                f"(training stops after {self._max_failures} failures in a row or {self._max_outage:g}s "
+                f"without a successful upload); the checkpoint is committed in {self.source.location}"
+            )
+            log.warning(text)
+            self._warnings.append(text)
+            self._last_problem = f"{type(exc).__name__}: {exc}"
+            if self._pending is None:
+                self._pending = record
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._abandon, delay)  # a newer record waits out the delay too
 
     def _upload(self, record: CheckpointRecord) -> None:
         start = self._clock()
         try:
-            copied, records = copy_checkpoint(self.source, self.target, record, self._wall_clock)
+            copied, records = copy_checkpoint(
+                self.source, self.target, record, self._wall_clock, cancelled=lambda: self._abandon
+            )
         except FileNotFoundError:
             if not any(r.name == record.name for r in read_manifest(self.source)):
                 with self._cond:  # retention dropped it: a newer checkpoint is committed and submitted
@@ -149,6 +296,8 @@ class Mirror:
         self.last_upload_s = self._clock() - start
         self.last_record = copied
         self.mirrored += 1
+        with self._cond:
+            self._twins[(record.framework, record.run)] = record.name
         log.info("autockpt: mirrored %s (step %d, %d bytes) to %s in %.2fs",
                  record.name, record.step, record.size, self.target.location, self.last_upload_s)  # fmt: skip
         problems = retain(self.target, copied, records, self._keep_last)
@@ -158,7 +307,7 @@ class Mirror:
             with self._cond:
                 self._warnings.extend(problems)
 
-    def _describe(self, record: CheckpointRecord, exc: BaseException) -> str:
+    def _describe(self, record: CheckpointRecord, exc: BaseException, why: str) -> str:
         newest = self.last_record
         kept = (
             f"the mirror's newest checkpoint is still step {newest.step} ({newest.name})"
@@ -167,7 +316,7 @@ class Mirror:
         )
         return (
             f"autockpt could not mirror checkpoint {record.name} (step {record.step}) from {self.source.location} "
-            f"to {self.target.location}: {type(exc).__name__}: {exc}. The checkpoint is committed in "
+            f"to {self.target.location} ({why}): {type(exc).__name__}: {exc}. The checkpoint is committed in "
             f"{self.source.location}; {kept}, and nothing of the failed upload is listed there. "
             "Fix: check that the mirror can be written (free space, permissions, the credentials in "
             "storage_options, the network); a rerun resumes from the newest checkpoint of either tier."

@@ -11,19 +11,31 @@ so each problem comes back as a warning message naming what is kept.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from .manifest import CheckpointRecord, commit_order, write_manifest
 from .storage import NotDurableError, Storage, location_of
 
 
-def retain(storage: Storage, record: CheckpointRecord, records: list[CheckpointRecord], keep_last: int) -> list[str]:
+def retain(
+    storage: Storage,
+    record: CheckpointRecord,
+    records: list[CheckpointRecord],
+    keep_last: int,
+    keep: Collection[str] = (),
+) -> list[str]:
     """Apply ``keep_last`` to ``records`` (the manifest just written, ``record`` newest in it).
 
-    Returns the warnings (empty when all went well); the caller issues them in the training thread.
+    ``keep``: names never dropped here, even beyond ``keep_last`` (the fast tier's twin of the
+    mirror's newest checkpoint, see :meth:`.mirror.Mirror.protected`). Returns the warnings
+    (empty when all went well); the caller issues them in the training thread.
     """
     same = [r for r in records if r.framework == record.framework and r.run == record.run]
     if len(same) <= keep_last:
         return []
-    dropped = sorted(same, key=commit_order)[:-keep_last]
+    dropped = [r for r in sorted(same, key=commit_order)[:-keep_last] if r.name not in keep]
+    if not dropped:
+        return []
     names = {r.name for r in dropped}
     committed = f"checkpoint {record.name} (step {record.step}) is committed"
     try:

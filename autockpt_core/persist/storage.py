@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Protocol, cast, runtime_checkable
 
+from ..config import LOCAL_SCHEMES
 from .checksum import ALGORITHM, HashingWriter
 
 TEMP_PREFIX = ".autockpt-tmp-"
@@ -182,6 +183,11 @@ Their files (s3fs, gcsfs, adlfs) are fsspec buffered files, which :func:`_abando
 without committing."""
 
 
+UPLOAD_BLOCK = 8 * 1024 * 1024
+"""The most bytes handed to an fsspec file in one ``write``: its buffer holds at most about one
+upload part more than this, never a whole large tensor (see ``HashingWriter(max_write=...)``)."""
+
+
 class FsspecStorage:
     """Checkpoints under an fsspec URL (``s3://``, ``gcs://``, ``memory://`` ...).
 
@@ -225,7 +231,7 @@ class FsspecStorage:
         direct = self.direct_uploads
         raw = self._fs.open(final if direct else tmp, "wb")
         try:
-            hashing = HashingWriter(raw)
+            hashing = HashingWriter(raw, max_write=UPLOAD_BLOCK)
             try:
                 write(hashing)
                 hashing.flush()
@@ -329,7 +335,7 @@ def location_of(storage: Storage, name: str) -> str:
 
 
 def storage_for(location: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> Storage:
-    """LocalStorage for paths and ``file://`` URLs, FsspecStorage (with ``storage_options``)
+    """LocalStorage for paths and ``file://``/``local://`` URLs, FsspecStorage (with ``storage_options``)
     for other URLs. Options for a local path are refused (``Config`` says so by field name)."""
     text = os.fspath(location)
     path = _local_path(text)
@@ -348,9 +354,10 @@ def configured_storage(location: str | os.PathLike[str], storage_options: Mappin
 
 
 def _local_path(location: str) -> str | None:
-    """The filesystem path of a plain path or ``file://`` URL; None for other URLs."""
-    if location.startswith("file://"):
-        return location[len("file://") :]
+    """The filesystem path of a plain path or a ``file://``/``local://`` URL; None for other URLs."""
+    for scheme in LOCAL_SCHEMES:
+        if location.startswith(scheme):
+            return location[len(scheme) :]
     return None if "://" in location else location
 
 

@@ -17,6 +17,8 @@ and on another branch (the job ran on other nodes since this one last wrote). So
 
 A mirror checkpoint that wins is first copied into the fast tier (:func:`hydrate`), so the
 framework loads a local file and the checkpoints after it continue the fast tier's history.
+The copy is M's only read, and it checks M's size and checksum on the way: a corrupt or
+missing M is skipped (``skip``) for the mirror's previous checkpoint.
 Clocks decide nothing (machines disagree); commit order within a tier and content do.
 """
 
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
+from collections.abc import Collection
 from typing import IO, Callable
 
 from .manifest import CheckpointRecord, commit_order, find_latest_valid, next_seq, read_manifest, write_manifest
@@ -36,6 +38,10 @@ log = logging.getLogger("autockpt")
 
 COPY_CHUNK = 16 * 1024 * 1024
 """Bytes read from the source tier at a time while copying a checkpoint."""
+
+
+class UploadAbandoned(Exception):
+    """A copy stopped by its ``cancelled`` callback (:func:`copy_checkpoint`); nothing is left of it."""
 
 
 def same_checkpoint(a: CheckpointRecord, b: CheckpointRecord) -> bool:
@@ -50,6 +56,7 @@ def copy_checkpoint(
     target: Storage,
     record: CheckpointRecord,
     wall_clock: Callable[[], float] = time.time,
+    cancelled: Callable[[], bool] | None = None,
 ) -> tuple[CheckpointRecord, list[CheckpointRecord]]:
     """Copy ``record``'s file from ``source`` to ``target`` and commit it in ``target``'s manifest.
 
@@ -59,12 +66,17 @@ def copy_checkpoint(
     is appended to ``target``'s manifest with ``target``'s next ``seq``. A failure after the
     upload removes the unlisted copy. Returns the new record and the manifest's records (for
     retention). Runs in the calling thread; ``FileNotFoundError`` when the source file is gone.
+    ``cancelled`` is asked between blocks: True stops the copy with :class:`UploadAbandoned`
+    (the target's atomic write removes what it wrote; nothing is listed).
     """
     with source.open_read(record.name) as src:
         name = free_name(record.name, target.exists)
 
         def copy(out: IO[bytes]) -> None:
-            shutil.copyfileobj(src, out, COPY_CHUNK)
+            while block := src.read(COPY_CHUNK):
+                if cancelled is not None and cancelled():
+                    raise UploadAbandoned(f"the copy of {record.name} to {target.location} was abandoned")
+                out.write(block)
 
         result = target.write_atomic(name, copy)
     try:
@@ -93,21 +105,34 @@ def newest_of_tiers(
     framework: str | None = None,
     accept: Callable[[CheckpointRecord], bool] | None = None,
     before: CheckpointRecord | None = None,
+    skip: Collection[str] = (),
 ) -> tuple[CheckpointRecord | None, Storage | None]:
     """The checkpoint to resume from and the tier that holds it (see the module docstring).
 
     ``accept``: only records it returns True for count (a filter on content, both tiers).
     ``before``: a fast-tier record; only checkpoints committed before it count (in the
-    mirror: before its copy there; none if the mirror has no copy of it). Corrupt or missing
-    files are skipped with a warning, as by ``find_latest_valid``. Raises ``ValueError`` for an
-    unreadable manifest in either tier (nothing is guessed).
+    mirror: before its copy there; none if the mirror has no copy of it). ``skip``: mirror
+    records (by name) found corrupt or missing since.
+
+    A fast-tier record is verified (its file read; corrupt or missing files are skipped with a
+    warning, as by ``find_latest_valid``). A mirror record is not: its file is read once, by
+    :func:`hydrate`, which checks it while copying; the caller passes a record that failed
+    there in ``skip`` and asks again. The mirror's files are never read when the fast tier
+    wins. Raises ``ValueError`` for an unreadable manifest in either tier (nothing is guessed).
     """
     fast_accept, mirror_accept = accept, accept
     if before is not None:
         fast_accept = committed_before(before, accept)
         twins = [r for r in read_manifest(mirror) if same_checkpoint(r, before)]
         mirror_accept = committed_before(twins[-1], accept) if twins else (lambda record: False)
-    remote = find_latest_valid(mirror, framework=framework, accept=mirror_accept)
+    remote = next(
+        (
+            r for r in reversed(read_manifest(mirror))
+            if r.name not in skip and (framework is None or r.framework == framework)
+            and (mirror_accept is None or mirror_accept(r))
+        ),
+        None,
+    )  # fmt: skip
     if remote is None:
         local = find_latest_valid(fast, framework=framework, accept=fast_accept)
         return (local, fast) if local is not None else (None, None)

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Collection
 from typing import IO, Any, Callable
 
 from ..errors import CheckpointWriteError
@@ -95,6 +96,7 @@ class CheckpointWriter:
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
         process: PersistProcess | None = None,
+        protect: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -105,6 +107,7 @@ class CheckpointWriter:
         self._clock = clock
         self._wall_clock = wall_clock
         self._process = process if isinstance(storage, LocalStorage) else None
+        self._protect = protect
         self._thread: threading.Thread | None = None
         self._failure: PersistFailure | None = None
         self._warnings: list[str] = []
@@ -153,6 +156,21 @@ class CheckpointWriter:
     def close(self) -> None:
         """Finish the in-flight persist and surface its error."""
         self.wait()
+
+    def retain_again(self) -> None:
+        """Apply retention to the newest committed checkpoint once more (training thread, no
+        persist in flight): what ``protect`` spared at its commit may be droppable now (the
+        session calls it at the end, once the mirror has its last upload)."""
+        record = self.last_record
+        if record is None:
+            return
+        try:
+            records = read_manifest(self._storage)
+        except Exception as exc:  # noqa: BLE001 - retention never fails a committed run
+            log.warning("autockpt: retention in %s skipped: %s", self._storage.location, exc)
+            return
+        if any(r.name == record.name for r in records):
+            self._retain(record, records)
 
     # -- writer thread --------------------------------------------------------------------
 
@@ -239,8 +257,10 @@ class CheckpointWriter:
         return self._failure_of(stage, job, error)
 
     def _retain(self, record: CheckpointRecord, records: list[CheckpointRecord]) -> None:
-        """Drop this framework's and run's records beyond ``keep_last``; a failure only warns."""
-        for message in retain(self._storage, record, records, self._keep_last):
+        """Drop this framework's and run's records beyond ``keep_last``, sparing what ``protect``
+        names; a failure only warns."""
+        keep = self._protect() if self._protect is not None else ()
+        for message in retain(self._storage, record, records, self._keep_last, keep):
             self._warn(message)
 
     def _failure_of(

@@ -182,3 +182,25 @@ def test_combined_ranks_set_the_interval_for_the_slowest_rank(
     assert session.estimates().iter_time_s == pytest.approx(step_s)
     summary = session.finish()
     assert summary.mean_stall_s == pytest.approx(blocked_s, rel=0.05)
+
+
+def test_closing_a_session_releases_its_host_buffers_and_the_summary_still_reports_them(tmp_path) -> None:
+    import numpy as np
+
+    from autockpt_core import CheckpointSession, Config, Snapshot, write_tensor_file
+
+    session = CheckpointSession(Config(dirpath=str(tmp_path), every_n_steps=1, verbose=False), framework="np",
+                                suffix=".safetensors")  # fmt: skip
+
+    def snapshot(pool):  # type: ignore[no-untyped-def]
+        buf = pool.get("w", (1000,), np.float32)
+        buf[:] = 1.0
+        return Snapshot(write=lambda f: write_tensor_file(f, {"w": buf}), nbytes=buf.nbytes)
+
+    session.start(0)
+    session.step_end(1)
+    session.save(1, 0, snapshot)
+    assert session.buffers.total_bytes == 4000
+    summary = session.finish()
+    assert session.buffers.total_bytes == 0 and len(session.buffers) == 0  # nothing held after fit()
+    assert summary.buffer_bytes == 4000 and session.metrics()["autockpt/buffer_bytes"] == 4000.0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from autockpt_core import CheckpointSession, Config, Snapshot, read_manifest, read_tensor_file, write_tensor_file
-from autockpt_core.errors import CheckpointWriteError, ConfigError
+from autockpt_core.errors import ConfigError, MirrorWriteError
 from autockpt_core.persist import LocalStorage, WriteResult, storage_for
 from autockpt_core.persist.storage import FsspecStorage
 
@@ -95,22 +95,47 @@ class FailingMirror(LocalStorage):
         return super().write_atomic(name, write)
 
 
-def test_a_failed_upload_stops_the_run_at_the_next_step_and_the_fast_tier_keeps_the_checkpoint(
-    tmp_path: Path,
-) -> None:
-    session = session_for(tmp_path / "fast", str(tmp_path / "mirror"))
+def test_failed_uploads_are_retried_and_stop_the_run_only_after_mirror_max_failures(tmp_path: Path) -> None:
+    session = session_for(tmp_path / "fast", str(tmp_path / "mirror"), mirror_max_failures=2)
     session.mirror.target = FailingMirror(tmp_path / "mirror")  # type: ignore[union-attr]
+    session.mirror.retry_first_s = 0.01  # type: ignore[union-attr]
     session.start(0)
     session.step_end(1)
     session.save(1, 0, snapshot_of(1.0))
     session.writer.wait()
     deadline = time.monotonic() + 10
     while session.mirror.busy and time.monotonic() < deadline:  # type: ignore[union-attr]
-        time.sleep(0.01)  # the upload failed in the background; step_end must raise it
-    with pytest.raises(CheckpointWriteError, match="could not mirror checkpoint .* connection reset by peer"):
-        session.step_end(2)
+        time.sleep(0.01)  # both uploads failed in the background; step_end must raise it
+    with pytest.warns(RuntimeWarning, match="upload 1 of .* connection reset by peer.*trying again"):
+        with pytest.raises(MirrorWriteError, match="2 failed upload.*in a row.*connection reset by peer"):
+            session.step_end(2)
     assert [r.step for r in read_manifest(session.storage)] == [1]
     session.close()
+
+
+def test_an_unreadable_mirror_does_not_block_a_resume_from_dirpath(tmp_path: Path) -> None:
+    fast, mirror = tmp_path / "fast", tmp_path / "mirror"
+    train(session_for(fast, str(mirror)), range(1, 4))
+    (mirror / "autockpt-manifest.json").write_text("{ not json")  # or an outage: any read error
+    rerun = session_for(fast, str(mirror))
+    with pytest.warns(RuntimeWarning, match="the mirror .* cannot be read .*resuming from the newest checkpoint in"):
+        record = rerun.resume_record()
+    assert record is not None and record.step == 3 and not rerun.copied_from_mirror
+    rerun.close()
+
+
+def test_an_unwritable_mirror_warns_but_lets_a_run_with_local_checkpoints_go_on(tmp_path: Path) -> None:
+    fast, mirror = tmp_path / "fast", tmp_path / "mirror"
+    train(session_for(fast, str(mirror)), range(1, 3))
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, not a directory")  # every write under it fails
+    rerun = session_for(fast, str(blocked / "mirror"))
+    with pytest.warns(RuntimeWarning, match="cannot be written now .*training goes on from the checkpoints in"):
+        rerun.open()
+    rerun.close()
+    fresh = session_for(tmp_path / "empty", str(blocked / "mirror"))
+    with pytest.raises(ConfigError, match="mirror="):  # nothing to go on from: a setup error, at once
+        fresh.open()
 
 
 @pytest.mark.parametrize(
@@ -162,4 +187,116 @@ def test_an_s3_mirror_on_a_real_server_serves_a_fresh_node(tmp_path: Path, s3_se
     record = fresh.resume_record()
     assert record is not None and record.step == 4 and fresh.path_of(record).startswith(str(tmp_path / "node-b"))
     assert value_of(fresh.storage, record.name) == 4.0
+    fresh.close()
+
+
+LAGGING_MIRROR = """
+import sys, threading
+import numpy as np
+from autockpt_core import CheckpointSession, Config, Snapshot, write_tensor_file
+
+fast, mirror = sys.argv[1], sys.argv[2]
+session = CheckpointSession(
+    Config(dirpath=fast, mirror=mirror, every_n_steps=1000, warmup_steps=0, verbose=False, keep_last=2),
+    framework="np", suffix=".safetensors",
+)
+target = session.mirror.target
+upload = target.write_atomic
+held = threading.Event()
+
+def slow_upload(name, write):  # the first checkpoint reaches the mirror, the next upload hangs
+    if name.startswith("ckpt-") and not name.startswith("ckpt-step000000001"):
+        held.set()
+        threading.Event().wait()
+    return upload(name, write)
+
+target.write_atomic = slow_upload
+
+def snapshot_of(value):
+    def snapshot(pool):
+        buf = pool.get("w", (1024,), np.float32)
+        buf[:] = value
+        return Snapshot(write=lambda f: write_tensor_file(f, {"w": buf}), nbytes=buf.nbytes)
+    return snapshot
+
+session.start(0)
+for step in range(1, 7):
+    session.step_end(step)
+    session.save(step, 0, snapshot_of(float(step)))
+    session.writer.wait()  # committed in the fast tier
+    if step == 1:
+        session.mirror.wait()  # listed in the mirror
+held.wait()
+print("ready", flush=True)
+threading.Event().wait()  # SIGKILLed here, uploads lagging by 5 checkpoints (keep_last=2)
+"""
+
+
+def test_a_mirror_lagging_by_keep_last_or_more_never_resumes_older_than_the_nodes_own_work(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    fast, mirror = tmp_path / "fast", tmp_path / "mirror"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAGGING_MIRROR, str(fast), str(mirror)], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert [r.step for r in read_manifest(LocalStorage(mirror))] == [1]
+    # the fast tier kept its twin of the mirror's newest (step 1) beyond keep_last=2
+    assert [r.step for r in read_manifest(LocalStorage(fast))] == [1, 5, 6]
+    rerun = session_for(fast, str(mirror), keep_last=2)
+    record = rerun.resume_record()
+    assert record is not None and record.step == 6 and not rerun.copied_from_mirror
+    assert value_of(rerun.storage, record.name) == 6.0
+    rerun.start(6)
+    for step in (7, 8):
+        rerun.step_end(step)
+        rerun.save(step, 0, snapshot_of(float(step)))
+    rerun.finish()  # the mirror has step 8 now: the fast tier's extra twin goes
+    assert [r.step for r in read_manifest(LocalStorage(fast))] == [7, 8]
+    assert read_manifest(LocalStorage(mirror))[-1].step == 8
+
+
+class CountingMirror(LocalStorage):
+    """A local mirror that counts the checkpoint files read from it."""
+
+    reads: list[str] = []
+
+    def open_read(self, name: str) -> IO[bytes]:
+        if name.startswith("ckpt-"):
+            CountingMirror.reads.append(name)
+        return super().open_read(name)
+
+
+def test_the_mirror_is_read_once_on_a_fresh_node_and_not_at_all_when_the_local_tier_wins(tmp_path: Path) -> None:
+    fast, mirror = tmp_path / "fast", tmp_path / "mirror"
+    train(session_for(fast, str(mirror)), range(1, 4))
+    CountingMirror.reads = []
+    rerun = session_for(fast, str(mirror))
+    rerun.mirror.target = CountingMirror(mirror)  # type: ignore[union-attr]
+    record = rerun.resume_record()
+    rerun.close()
+    assert record is not None and record.step == 3 and CountingMirror.reads == []  # this node's own copy
+    fresh = session_for(tmp_path / "fresh", str(mirror))
+    fresh.mirror.target = CountingMirror(mirror)  # type: ignore[union-attr]
+    record = fresh.resume_record()
+    fresh.close()
+    assert record is not None and fresh.copied_from_mirror and len(CountingMirror.reads) == 1  # checked while copied
+
+
+def test_a_fresh_node_skips_a_corrupt_newest_checkpoint_in_the_mirror(tmp_path: Path) -> None:
+    fast, mirror = tmp_path / "fast", tmp_path / "mirror"
+    train(session_for(fast, str(mirror), mirror_keep_last=3), range(1, 4))
+    previous, newest = read_manifest(LocalStorage(mirror))[-2:]
+    (mirror / newest.name).write_bytes(b"torn upload")
+    fresh = session_for(tmp_path / "fresh", str(mirror))
+    with pytest.warns(RuntimeWarning, match=f"skipping checkpoint {newest.name}"):
+        record = fresh.resume_record()
+    assert record is not None and record.step == previous.step and fresh.copied_from_mirror
+    assert value_of(fresh.storage, record.name) == float(record.step)
+    assert [r.step for r in read_manifest(fresh.storage)] == [record.step]  # nothing of the corrupt one
     fresh.close()

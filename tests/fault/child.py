@@ -229,3 +229,15 @@ def write_records_with_faults(file: IO[bytes], *, records: Any, zip_crc32: bool 
         plan.hit("persist", target=os.getppid(), in_persist_process=True)
 
     write_records(_HalfWayFile(file, HALF, at_half), records=records, zip_crc32=zip_crc32)  # type: ignore[arg-type]
+
+
+def report(run: Callable[[], dict[str, Any]], out: str) -> None:
+    """Write ``run()``'s result, or the traceback that ended it as ``{"error": ...}``, to ``out`` (JSON)."""
+    import traceback
+
+    try:
+        result = run()
+    except BaseException:  # noqa: BLE001 - reported to the test
+        result = {"error": traceback.format_exc()}
+    with open(out, "w") as f:
+        json.dump(result, f)

@@ -12,11 +12,9 @@ Writes OUT.json.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import resource
 import sys
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from autockpt_core import read_manifest, storage_for  # noqa: E402
+from tests.fault.child import report  # noqa: E402
 from autockpt_keras import AutoCheckpoint  # noqa: E402
 
 EPOCHS = 400
@@ -96,8 +95,4 @@ def main(dirpath: str, min_process_writes: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        result = main(sys.argv[1], int(sys.argv[2]))
-    except BaseException:  # noqa: BLE001 - reported to the test
-        result = {"error": traceback.format_exc()}
-    Path(sys.argv[3]).write_text(json.dumps(result))
+    report(lambda: main(sys.argv[1], int(sys.argv[2])), sys.argv[3])

@@ -61,7 +61,10 @@ def test_lightning_default_settings_1000_tensors_and_a_script_dataclass_under_10
     assert first["events"][-1] == first["final_step"] == first["records"][-1]  # the final checkpoint is committed
     assert first["saved_hp_ok"]  # the dataclass and the enum round-trip through the file
     rerun = run_script("default_path_lightning.py", [str(dirpath), "1"], tmp_path / "rerun.json")
-    assert rerun["start_step"] == first["final_step"]  # resumed from the final checkpoint
+    # resumed from the final checkpoint; from the one before it when the final one is at an
+    # epoch's end, where Lightning does not continue exactly (docs/reliability.md, G6c)
+    at_epoch_end = first["final_step"] % first["batches_per_epoch"] == 0
+    assert rerun["start_step"] == (first["records"][-2] if at_epoch_end else first["final_step"])
     assert rerun["process_writes"] >= 1 and rerun["autockpt_warnings"] == [] and rerun["saved_hp_ok"]
     assert rerun["final_step"] > first["final_step"] and rerun["records"][-1] == rerun["final_step"]
 

@@ -131,3 +131,28 @@ def test_the_lock_file_names_its_holder(tmp_path) -> None:
     lock.release()
     lock.release()
     assert not lock.held and not (tmp_path / "new" / LOCK_NAME).exists()
+
+
+def test_removing_the_lock_file_of_a_held_lock_does_not_let_a_second_writer_in(tmp_path, holding) -> None:
+    holder = holding()
+    (tmp_path / LOCK_NAME).unlink()  # the lock is the directory's, not the file's
+    with pytest.raises(DirectoryLockedError, match="another session is writing checkpoints"):
+        session(tmp_path).start(0)
+    holder.tell("finish")
+    assert holder.readline() == "RELEASED"
+    s = session(tmp_path)
+    s.start(0)
+    s.finish()
+
+
+def test_a_planted_symlink_is_refused_and_its_target_is_not_overwritten(tmp_path) -> None:
+    from autockpt_core import ConfigError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    dirpath = tmp_path / "ckpts"
+    dirpath.mkdir()
+    (dirpath / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        session(dirpath).start(0)
+    assert victim.read_text() == "precious"

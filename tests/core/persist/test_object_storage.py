@@ -206,3 +206,26 @@ def test_bad_storage_options_are_refused_by_name(dirpath: str, options: Any, mes
     with pytest.raises(ConfigError, match="storage_options") as info:
         Config(dirpath=dirpath, storage_options=options)
     assert message in str(info.value)
+
+
+def test_a_large_tensor_reaches_an_fsspec_file_in_bounded_blocks(monkeypatch) -> None:
+    """fsspec files copy what ``write`` gets into their upload buffer: a 40 MiB tensor written
+    whole was held a second time there; it goes in blocks of at most UPLOAD_BLOCK bytes."""
+    import fsspec.implementations.memory as memory
+
+    from autockpt_core.persist.storage import UPLOAD_BLOCK
+
+    sizes: list[int] = []
+    original = memory.MemoryFile.write
+
+    def spy(self, data):  # type: ignore[no-untyped-def]
+        sizes.append(len(memoryview(data).cast("B")))
+        return original(self, data)
+
+    monkeypatch.setattr(memory.MemoryFile, "write", spy)
+    payload = np.arange(10 * 1024 * 1024, dtype=np.float32)  # 40 MiB, one write call
+    storage = storage_for("memory://autockpt-blocks")
+    result = storage.write_atomic("big.bin", lambda f: f.write(memoryview(payload).cast("B")))
+    assert result.size == payload.nbytes and max(sizes) <= UPLOAD_BLOCK and len(sizes) >= 5
+    with storage.open_read("big.bin") as f:
+        assert f.read() == payload.tobytes()

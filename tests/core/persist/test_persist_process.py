@@ -93,6 +93,14 @@ def test_a_child_that_died_while_idle_is_replaced_at_the_next_write(shared, tmp_
     assert process.pid != first and (tmp_path / "a.bin").read_bytes() == arrays["w"].tobytes()
 
 
+def _writer_with_a_ready_process(shared, tmp_path: Path):  # type: ignore[no-untyped-def]
+    _arena, pool, process = shared
+    storage = LocalStorage(tmp_path)
+    writer = CheckpointWriter(storage, keep_last=2, process=process)
+    assert process.wait_ready(60)
+    return _arrays(pool), storage, writer, process
+
+
 def _job(arrays, name: str, step: int, function: str, **kwargs: object) -> PersistJob:  # type: ignore[no-untyped-def]
     portable = PortableWrite(function, {"data": arrays["w"], **kwargs})
     return PersistJob(name, step, 0, "test", write=lambda f: f.write(b"thread"), portable=portable)
@@ -102,11 +110,7 @@ def _job(arrays, name: str, step: int, function: str, **kwargs: object) -> Persi
 def test_a_child_killed_mid_write_costs_no_checkpoint_the_writer_thread_writes_it_and_the_later_ones(
     shared, tmp_path: Path
 ) -> None:
-    _arena, pool, process = shared
-    arrays = _arrays(pool)
-    storage = LocalStorage(tmp_path)
-    writer = CheckpointWriter(storage, keep_last=2, process=process)
-    assert process.wait_ready(60)
+    arrays, storage, writer, process = _writer_with_a_ready_process(shared, tmp_path)
     writer.submit(_job(arrays, "ckpt-1.bin", 1, f"{HELPERS}:write_bytes"))
     writer.wait()
     assert process.writes == 1 and (tmp_path / "ckpt-1.bin").read_bytes() == arrays["w"].tobytes()
@@ -140,11 +144,7 @@ def test_a_child_killed_mid_write_costs_no_checkpoint_the_writer_thread_writes_i
 def test_any_failure_of_the_child_is_answered_by_the_writer_thread_writing_the_checkpoint(
     shared, tmp_path: Path, function: str, kwargs: dict[str, object], error: str
 ) -> None:
-    _arena, pool, process = shared
-    arrays = _arrays(pool)
-    storage = LocalStorage(tmp_path)
-    writer = CheckpointWriter(storage, keep_last=2, process=process)
-    assert process.wait_ready(60)
+    arrays, storage, writer, process = _writer_with_a_ready_process(shared, tmp_path)
     writer.submit(_job(arrays, "ckpt-1.bin", 1, function, **kwargs))
     with pytest.warns(RuntimeWarning, match=error):
         writer.wait()
@@ -154,11 +154,7 @@ def test_any_failure_of_the_child_is_answered_by_the_writer_thread_writing_the_c
 
 @needs_shm
 def test_a_storage_error_the_writer_thread_meets_too_is_the_checkpoints_failure(shared, tmp_path: Path) -> None:
-    _arena, pool, process = shared
-    arrays = _arrays(pool)
-    storage = LocalStorage(tmp_path)
-    writer = CheckpointWriter(storage, keep_last=2, process=process)
-    assert process.wait_ready(60)
+    arrays, storage, writer, process = _writer_with_a_ready_process(shared, tmp_path)
 
     def full(_file: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

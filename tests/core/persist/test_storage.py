@@ -53,6 +53,8 @@ def test_rejects_paths(tmp_path, name) -> None:
 def test_storage_for_picks_implementation(tmp_path) -> None:
     assert isinstance(storage_for(tmp_path), LocalStorage)
     assert isinstance(storage_for(f"file://{tmp_path}"), LocalStorage)
+    local = storage_for(f"local://{tmp_path}")  # fsspec's local backend never fsyncs: ours does
+    assert isinstance(local, LocalStorage) and local.fsync and str(local.root) == str(tmp_path)
     assert isinstance(storage_for("memory://autockpt-test"), FsspecStorage)
 
 

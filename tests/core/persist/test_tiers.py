@@ -131,7 +131,7 @@ def test_the_newest_of_either_tier(
 ) -> None:
     fast, mirror = tiers
     replay(fast, mirror, events)
-    corrupt = any(kind.startswith("corrupt") for kind, _ in events)
+    corrupt = any(kind == "corrupt-fast" for kind, _ in events)  # the mirror's files are not read here
     with pytest.warns(RuntimeWarning, match="skipping checkpoint") if corrupt else contextlib.nullcontext():
         record, tier = newest_of_tiers(fast, mirror, framework="toy")
     if expected is None:
