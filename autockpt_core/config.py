@@ -272,8 +272,16 @@ class Config:
 # -- field checks ---------------------------------------------------------------------------
 
 
+def path_of_location(location: str) -> str | None:
+    """The filesystem path of a plain path or a ``file://``/``local://`` URL; None for other URLs."""
+    for scheme in LOCAL_SCHEMES:
+        if location.startswith(scheme):
+            return location[len(scheme) :]
+    return None if "://" in location else location
+
+
 def _is_url(location: str | None) -> bool:
-    return location is not None and "://" in location and not location.startswith(LOCAL_SCHEMES)
+    return location is not None and path_of_location(location) is None
 
 
 def _check_mirror(value: Any, dirpath: str) -> str | None:
@@ -295,9 +303,8 @@ def _check_mirror(value: Any, dirpath: str) -> str | None:
 
 def _same_location(a: str, b: str) -> bool:
     def norm(text: str) -> str:
-        for scheme in LOCAL_SCHEMES:
-            text = text[len(scheme) :] if text.startswith(scheme) else text
-        return text.rstrip("/") if _is_url(text) else os.path.abspath(os.path.expanduser(text))
+        path = path_of_location(text)
+        return text.rstrip("/") if path is None else os.path.abspath(os.path.expanduser(path))
 
     return norm(a) == norm(b)
 

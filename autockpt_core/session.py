@@ -75,6 +75,7 @@ from .persist import (
 )
 from .persist.directory import open_directory
 from .persist.file_set import FileSetWrite, new_staging_directory
+from .persist.manifest import warn_skipped
 from .persist.mirror import Mirror
 from .persist.names import checkpoint_name
 from .persist.persist_mode import choose_persist_mode, process_can_write
@@ -308,7 +309,7 @@ class CheckpointSession:
             record = find_latest_valid(self.storage, framework=self.framework, accept=accept)
         else:
             try:
-                read_manifest(self.mirror.target)
+                mirrored = read_manifest(self.mirror.target)
             except Exception as exc:  # noqa: BLE001 - any backend's error: resume from dirpath, say so
                 message = (
                     f"autockpt: the mirror {self.mirror.location} cannot be read ({type(exc).__name__}: {exc}); "
@@ -320,32 +321,33 @@ class CheckpointSession:
                     accept = committed_before(before, accept)
                 record, tier = find_latest_valid(self.storage, framework=self.framework, accept=accept), self.storage
             else:
-                record, tier = self._newest_of_tiers(accept, before)
-                self.mirror.learn_twins(read_manifest(self.storage), read_manifest(self.mirror.target))
+                record, tier = self._newest_of_tiers(accept, before, mirrored)
+                self.mirror.learn_twins(read_manifest(self.storage), mirrored)
         if record is not None:
             self.run = record.run
         return record
 
     def _newest_of_tiers(
-        self, accept: Callable[[CheckpointRecord], bool] | None, before: CheckpointRecord | None
+        self,
+        accept: Callable[[CheckpointRecord], bool] | None,
+        before: CheckpointRecord | None,
+        mirrored: list[CheckpointRecord],
     ) -> tuple[CheckpointRecord | None, Storage | None]:
-        """:func:`newest_of_tiers`; a mirror checkpoint that wins is copied into ``dirpath``
-        (checked on the way; a corrupt or missing one is skipped with a warning for the next)."""
+        """:func:`newest_of_tiers` over the mirror's records ``mirrored``; a mirror checkpoint
+        that wins is copied into ``dirpath`` (checked on the way; a corrupt or missing one is
+        skipped with a warning for the next)."""
         assert self.mirror is not None
         skip: set[str] = set()
         while True:
-            record, tier = newest_of_tiers(self.storage, self.mirror.target, self.framework, accept, before, skip)
+            record, tier = newest_of_tiers(
+                self.storage, self.mirror.target, self.framework, accept, before, skip, mirrored
+            )
             if record is None or tier is not self.mirror.target:
                 return record, tier
             try:
                 local = hydrate(self.mirror.target, self.storage, record)
             except (ValueError, FileNotFoundError) as exc:  # the mirror's file is corrupt or gone
-                warnings.warn(
-                    f"autockpt: skipping checkpoint {record.name} (step {record.step}) in {self.mirror.location}: "
-                    f"{exc}; falling back to an older checkpoint",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                warn_skipped(record, self.mirror.location, exc, stacklevel=3)
                 skip.add(record.name)
                 continue
             self.copied_from_mirror = True

@@ -81,7 +81,6 @@ from autockpt_core import (
     CheckpointRecord,
     CheckpointSession,
     Config,
-    MirrorWriteError,
     Preempted,
     PreemptionHandler,
     PreemptionRecord,
@@ -92,6 +91,7 @@ from autockpt_core import (
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
 from autockpt_core.persist import storage_for
+from autockpt_core.persist.failures import unfinished_message
 from autockpt_core.policy.rank_timing import StepClock
 from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
@@ -633,11 +633,7 @@ class AutoCheckpoint(keras.callbacks.Callback):
             try:
                 self.session.finish()
             except Exception as exc:
-                if isinstance(exc, MirrorWriteError):
-                    log.error("autockpt: the checkpoints of the failed fit() are committed in %s, but the mirror "
-                              "does not have the newest: %s", self.config.dirpath, exc)  # fmt: skip
-                else:
-                    log.error("autockpt: the checkpoint in flight when the fit() failed was not persisted: %s", exc)
+                log.error("%s", unfinished_message(exc, self.config.dirpath))
 
     def _stop_watch(self) -> None:
         if self._watch is not None:

@@ -96,7 +96,6 @@ from autockpt_core import (
     CheckpointSession,
     Config,
     Decision,
-    MirrorWriteError,
     Preempted,
     PreemptionHandler,
     PreemptionRecord,
@@ -105,6 +104,7 @@ from autockpt_core import (
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
+from autockpt_core.persist.failures import unfinished_message
 from autockpt_core.policy.rank_timing import StepClock
 from autockpt_torch import TorchSnapshotter, torch_buffer_pool, torch_shared_pool
 from autockpt_torch.process_write import WRITE_RECORDS, portable_tree_write
@@ -460,11 +460,8 @@ class AutoCheckpoint(Callback):
                 if self.config.verbose and self._trained and raise_errors:
                     print(summary.line(), flush=True)
         if not raise_errors:
-            if isinstance(error, MirrorWriteError):
-                log.error("autockpt: the checkpoints of the failed run are committed in %s, but the mirror "
-                          "does not have the newest: %s", self.config.dirpath, error)  # fmt: skip
-            elif error is not None:
-                log.error("autockpt: the checkpoint in flight when training failed was not persisted: %s", error)
+            if error is not None:
+                log.error("%s", unfinished_message(error, self.config.dirpath))
             return
         raise_if_any_failed(trainer, error)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import errno
 
+from ..errors import MirrorWriteError
+
 STAGES = ("write", "commit", "durable", "callback")
 """write: the checkpoint file; commit: the manifest listing it; durable: the manifest is
 replaced but its directory fsync failed; callback: the after-commit callback."""
@@ -67,3 +69,15 @@ def fix_for(error: BaseException, field: str = "dirpath") -> str:
     if code in (errno.ENOTDIR, errno.EEXIST):
         return f"{field} is a file, or lies under one; point {field} to a directory (it is created if missing)"
     return "check free space, permissions and the storage backend"
+
+
+def unfinished_message(error: BaseException, dirpath: str) -> str:
+    """What the log says when the session of a run that failed could not finish cleanly (an
+    adapter's failure path, where its own exception is the one raised): a mirror's error leaves
+    the checkpoints committed in ``dirpath``; any other left the one in flight unpersisted."""
+    if isinstance(error, MirrorWriteError):
+        return (
+            f"autockpt: the checkpoints of the failed run are committed in {dirpath}, but the mirror "
+            f"does not have the newest: {error}"
+        )
+    return f"autockpt: the checkpoint in flight when training failed was not persisted: {error}"

@@ -208,10 +208,15 @@ def find_latest_valid(
         problem = verify(storage, record)
         if problem is None:
             return record
-        warnings.warn(
-            f"autockpt: skipping checkpoint {record.name} (step {record.step}) in "
-            f"{storage.location}: {problem}; falling back to an older checkpoint",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warn_skipped(record, storage.location, problem, stacklevel=3)
     return None
+
+
+def warn_skipped(record: CheckpointRecord, location: str, problem: object, stacklevel: int = 2) -> None:
+    """The ``RuntimeWarning`` for a listed checkpoint that a resume passes over (corrupt, missing)."""
+    warnings.warn(
+        f"autockpt: skipping checkpoint {record.name} (step {record.step}) in {location}: {problem}; "
+        "falling back to an older checkpoint",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )

@@ -116,7 +116,6 @@ class Mirror:
         self._last_success = clock()
         self._current: CheckpointRecord | None = None
         self._abandon = False
-        self._uploaded: CheckpointRecord | None = None  # the fast tier's record of the newest upload
         self._last_problem: str | None = None
         self._no_retries = False
         self._gave_up = False  # deliver() gave up on an upload: close() does not wait for it
@@ -208,7 +207,7 @@ class Mirror:
                 self._abandon = True  # an older checkpoint's upload: the newest goes next
             self._no_retries = True  # the job is going away
             done = self._cond.wait_for(lambda: self._done_with(record), max(0.0, deadline - self._clock()))
-            uploaded = self._uploaded is not None and same_checkpoint(self._uploaded, record)
+            uploaded = self._uploaded(record)
             problem = self._failure if self._failed_record is record else self._last_problem
             self._failure, self._cause, self._failed_record = None, None, None
             if not done:
@@ -222,9 +221,13 @@ class Mirror:
 
     # -- mirror thread ----------------------------------------------------------------------
 
+    def _uploaded(self, record: CheckpointRecord) -> bool:
+        """(under the lock) the mirror's newest upload is ``record`` (a copy keeps its content)."""
+        return self.last_record is not None and same_checkpoint(self.last_record, record)
+
     def _done_with(self, record: CheckpointRecord) -> bool:
         """(under the lock) ``record`` was uploaded, failed for good, or nothing is left to do."""
-        if self._uploaded is not None and same_checkpoint(self._uploaded, record):
+        if self._uploaded(record):
             return True
         return (self._failure is not None and self._failed_record is record) or not self._running
 
@@ -246,7 +249,6 @@ class Mirror:
             else:
                 with self._cond:
                     self._failures_in_row, self._last_success, self._last_problem = 0, self._clock(), None
-                    self._uploaded = record
                     self._cond.notify_all()
 
     def _failed(self, record: CheckpointRecord, exc: BaseException) -> None:
@@ -294,9 +296,9 @@ class Mirror:
                 return
             raise
         self.last_upload_s = self._clock() - start
-        self.last_record = copied
         self.mirrored += 1
-        with self._cond:
+        with self._cond:  # deliver() and the retention of the fast tier read these
+            self.last_record = copied
             self._twins[(record.framework, record.run)] = record.name
         log.info("autockpt: mirrored %s (step %d, %d bytes) to %s in %.2fs",
                  record.name, record.step, record.size, self.target.location, self.last_upload_s)  # fmt: skip

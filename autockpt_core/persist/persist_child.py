@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Any
 
-from .persist_process import _HEADER, CHILD_MODULES, _recv_exact, _send, resolve
+from .persist_process import CHILD_MODULES, _recv_frame, _send, resolve
 from .shared_memory import SharedRef, rebuild_tree
 from .storage import LocalStorage
 
@@ -111,11 +111,6 @@ class Server:
             return _error_reply(exc)
         return {"ok": True, "result": (result.name, result.size, result.checksum, result.algorithm),
                 "seconds": time.perf_counter() - start}
-
-
-def _recv_frame(sock: socket.socket) -> bytes:
-    (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    return _recv_exact(sock, length)
 
 
 class _Unpickler(pickle.Unpickler):

@@ -305,7 +305,6 @@ class PersistProcess:
             self._proc.wait()
         self._proc, self._sock, self._alive_w, self._ready = None, None, None, False
 
-
     def _forget_in_child(self) -> None:
         """In a forked child: close the inherited ends (the persist process must see the
         training process go when it dies, whatever it forked); the child is not ours to end."""
@@ -342,8 +341,13 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 
 def _recv(sock: socket.socket) -> dict[str, Any]:
+    return pickle.loads(_recv_frame(sock))  # noqa: S301 - our own child's frames
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    """One frame's pickled bytes (the child unpickles them with its restricted unpickler)."""
     (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    return pickle.loads(_recv_exact(sock, length))  # noqa: S301 - our own child's frames
+    return _recv_exact(sock, length)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

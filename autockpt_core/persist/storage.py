@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Protocol, cast, runtime_checkable
 
-from ..config import LOCAL_SCHEMES
+from ..config import path_of_location
 from .checksum import ALGORITHM, HashingWriter
 
 TEMP_PREFIX = ".autockpt-tmp-"
@@ -338,7 +338,7 @@ def storage_for(location: str | os.PathLike[str], storage_options: Mapping[str, 
     """LocalStorage for paths and ``file://``/``local://`` URLs, FsspecStorage (with ``storage_options``)
     for other URLs. Options for a local path are refused (``Config`` says so by field name)."""
     text = os.fspath(location)
-    path = _local_path(text)
+    path = path_of_location(text)
     if path is None:
         return FsspecStorage(text, storage_options)
     if storage_options:
@@ -350,15 +350,7 @@ def configured_storage(location: str | os.PathLike[str], storage_options: Mappin
     """:func:`storage_for` with a config's ``storage_options``, which apply to URLs only (a
     config may hold a local ``dirpath`` and a URL ``mirror``: the options are the mirror's)."""
     text = os.fspath(location)
-    return storage_for(text, storage_options if _local_path(text) is None else None)
-
-
-def _local_path(location: str) -> str | None:
-    """The filesystem path of a plain path or a ``file://``/``local://`` URL; None for other URLs."""
-    for scheme in LOCAL_SCHEMES:
-        if location.startswith(scheme):
-            return location[len(scheme) :]
-    return None if "://" in location else location
+    return storage_for(text, storage_options if path_of_location(text) is None else None)
 
 
 @contextlib.contextmanager
@@ -366,7 +358,7 @@ def fetched(location: str, storage_options: Mapping[str, Any] | None = None) -> 
     """A local path holding the file at ``location`` for the ``with`` block: the path itself
     for a local file, else a temporary copy downloaded with fsspec and ``storage_options``
     (for loaders that open URLs without our options, such as Lightning's), removed after."""
-    path = _local_path(location)
+    path = path_of_location(location)
     if path is not None:
         yield path
         return

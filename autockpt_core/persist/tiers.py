@@ -106,13 +106,15 @@ def newest_of_tiers(
     accept: Callable[[CheckpointRecord], bool] | None = None,
     before: CheckpointRecord | None = None,
     skip: Collection[str] = (),
+    mirrored: list[CheckpointRecord] | None = None,
 ) -> tuple[CheckpointRecord | None, Storage | None]:
     """The checkpoint to resume from and the tier that holds it (see the module docstring).
 
     ``accept``: only records it returns True for count (a filter on content, both tiers).
     ``before``: a fast-tier record; only checkpoints committed before it count (in the
     mirror: before its copy there; none if the mirror has no copy of it). ``skip``: mirror
-    records (by name) found corrupt or missing since.
+    records (by name) found corrupt or missing since. ``mirrored``: the mirror's manifest,
+    when the caller has read it already (each read is a round trip to object storage).
 
     A fast-tier record is verified (its file read; corrupt or missing files are skipped with a
     warning, as by ``find_latest_valid``). A mirror record is not: its file is read once, by
@@ -120,14 +122,16 @@ def newest_of_tiers(
     there in ``skip`` and asks again. The mirror's files are never read when the fast tier
     wins. Raises ``ValueError`` for an unreadable manifest in either tier (nothing is guessed).
     """
+    if mirrored is None:
+        mirrored = read_manifest(mirror)
     fast_accept, mirror_accept = accept, accept
     if before is not None:
         fast_accept = committed_before(before, accept)
-        twins = [r for r in read_manifest(mirror) if same_checkpoint(r, before)]
+        twins = [r for r in mirrored if same_checkpoint(r, before)]
         mirror_accept = committed_before(twins[-1], accept) if twins else (lambda record: False)
     remote = next(
         (
-            r for r in reversed(read_manifest(mirror))
+            r for r in reversed(mirrored)
             if r.name not in skip and (framework is None or r.framework == framework)
             and (mirror_accept is None or mirror_accept(r))
         ),

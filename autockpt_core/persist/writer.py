@@ -221,12 +221,12 @@ class CheckpointWriter:
         this thread's own write is the checkpoint's failure.
         """
         process = self._process
-        if process is None or job.portable is None or not process.ready():
-            return self._storage.write_atomic(job.name, job.write)
-        assert isinstance(self._storage, LocalStorage)
-        for_process = job.portable.for_process_of(process.arena)
+        for_process = None
+        if process is not None and job.portable is not None and process.ready():
+            for_process = job.portable.for_process_of(process.arena)
         if for_process is None:
             return self._storage.write_atomic(job.name, job.write)
+        assert process is not None and isinstance(self._storage, LocalStorage)
         try:
             return process.write_atomic(self._storage, job.name, for_process)
         except Exception as exc:  # noqa: BLE001 - any failure of the process: this thread writes

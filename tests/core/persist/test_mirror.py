@@ -48,6 +48,15 @@ class GatedStorage(LocalStorage):
         return super().write_atomic(name, write)
 
 
+def mirror_holding_step_1(fast: LocalStorage, remote: GatedStorage) -> Mirror:
+    """A mirror whose upload of step 1 is under way and held at ``remote.gate``."""
+    mirror = Mirror(fast, remote, keep_last=5)
+    remote.gate.clear()
+    mirror.submit(commit(fast, 1))
+    assert remote.started.wait(10)
+    return mirror
+
+
 @pytest.fixture()
 def fast(tmp_path: Path) -> LocalStorage:
     return LocalStorage(tmp_path / "fast")
@@ -77,10 +86,7 @@ def test_each_committed_checkpoint_is_uploaded_and_listed_with_its_own_retention
 def test_a_slow_mirror_uploads_the_newest_next_and_skips_the_ones_between(
     fast: LocalStorage, remote: GatedStorage
 ) -> None:
-    mirror = Mirror(fast, remote, keep_last=5)
-    remote.gate.clear()
-    mirror.submit(commit(fast, 1))
-    assert remote.started.wait(10)  # step 1's upload is under way and held
+    mirror = mirror_holding_step_1(fast, remote)
     for step in (2, 3, 4):
         mirror.submit(commit(fast, step))
     assert mirror.busy and not mirror.wait(timeout=0.05)
@@ -198,10 +204,7 @@ def test_a_failure_after_mirror_max_outage_without_success_stops_training(fast: 
 def test_deliver_abandons_an_older_upload_in_flight_so_the_newest_goes_first(
     fast: LocalStorage, remote: GatedStorage
 ) -> None:
-    mirror = Mirror(fast, remote, keep_last=5)
-    remote.gate.clear()
-    mirror.submit(commit(fast, 1))
-    assert remote.started.wait(10)  # step 1's upload is held
+    mirror = mirror_holding_step_1(fast, remote)
     newest = commit(fast, 2)
     mirror.submit(newest)
     threading.Timer(0.2, remote.gate.set).start()  # step 1's upload goes on, and is abandoned at its first block
