@@ -7,7 +7,8 @@ Adapters only translate framework hooks into these calls (training thread, in th
    rather than at the first checkpoint), takes the directory lock (a second session on the
    same local ``dirpath``, in any process, gets ``DirectoryLockedError`` naming the holder)
    and, when resuming, removes what interrupted writes left there (only under the lock). With
-   ``config.mirror`` it probes the mirror too (a ``ConfigError`` naming ``mirror``).
+   ``config.mirror`` it probes the mirror too (a ``ConfigError`` naming ``mirror``) and takes
+   it: another live run using it gets ``DirectoryLockedError`` (``persist.mirror_claim``).
 1. ``resume_record()`` once before training: the newest valid checkpoint to restore, or None.
    With a mirror, the newest of either tier (``autockpt_core.persist.tiers``); one found only
    in the mirror is first copied into ``dirpath``, so the record returned is always local.
@@ -244,11 +245,16 @@ class CheckpointSession:
         if self._opened:
             return
         mirror = self.mirror.target if self.mirror is not None else None
-        lock = open_directory(self.storage, self.framework, self.suffix, resume=self.config.resume, mirror=mirror)
+        session = weakref.ref(self)  # the claim's heartbeat must not keep the session alive
+        held = open_directory(
+            self.storage, self.framework, self.suffix, resume=self.config.resume, mirror=mirror,
+            mirror_run=lambda: getattr(session(), "run", None),
+            mirror_lost=self.mirror.stop if self.mirror is not None else lambda message: None,
+        )  # fmt: skip
         self._opened = True
         if self._process is not None:
             self._process.start()
-        self._release_lock = weakref.finalize(self, lock.release) if lock is not None else None
+        self._release_lock = weakref.finalize(self, held.release)
 
     def close(self) -> None:
         """Wait for the in-flight persist, then release the directory lock; re-raise the
@@ -292,10 +298,13 @@ class CheckpointSession:
         self,
         accept: Callable[[CheckpointRecord], bool] | None = None,
         before: CheckpointRecord | None = None,
+        check: Callable[[CheckpointRecord], str | None] | None = None,
     ) -> CheckpointRecord | None:
         """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``.
 
         ``before``: a record this returned earlier; only checkpoints committed before it count.
+        ``check``: verifies a ``dirpath`` record in place of reading it here (checkpoints written
+        by every process: :class:`~autockpt_core.agreed_check.AgreedCheck`).
         Opens the session first. A record found makes this session continue its run. With a
         mirror, the newest of either tier; one only the mirror has is copied into ``dirpath``
         first (``autockpt_core.persist.tiers``), so the record is always ``dirpath``'s.
@@ -306,7 +315,7 @@ class CheckpointSession:
         if self.mirror is None:
             if before is not None:
                 accept = committed_before(before, accept)
-            record = find_latest_valid(self.storage, framework=self.framework, accept=accept)
+            record = find_latest_valid(self.storage, framework=self.framework, accept=accept, check=check)
         else:
             try:
                 mirrored = read_manifest(self.mirror.target)
@@ -319,9 +328,9 @@ class CheckpointSession:
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
                 if before is not None:
                     accept = committed_before(before, accept)
-                record, tier = find_latest_valid(self.storage, framework=self.framework, accept=accept), self.storage
+                record = find_latest_valid(self.storage, framework=self.framework, accept=accept, check=check)
             else:
-                record, tier = self._newest_of_tiers(accept, before, mirrored)
+                record, _ = self._newest_of_tiers(accept, before, mirrored, check)
                 self.mirror.learn_twins(read_manifest(self.storage), mirrored)
         if record is not None:
             self.run = record.run
@@ -332,6 +341,7 @@ class CheckpointSession:
         accept: Callable[[CheckpointRecord], bool] | None,
         before: CheckpointRecord | None,
         mirrored: list[CheckpointRecord],
+        check: Callable[[CheckpointRecord], str | None] | None = None,
     ) -> tuple[CheckpointRecord | None, Storage | None]:
         """:func:`newest_of_tiers` over the mirror's records ``mirrored``; a mirror checkpoint
         that wins is copied into ``dirpath`` (checked on the way; a corrupt or missing one is
@@ -340,7 +350,7 @@ class CheckpointSession:
         skip: set[str] = set()
         while True:
             record, tier = newest_of_tiers(
-                self.storage, self.mirror.target, self.framework, accept, before, skip, mirrored
+                self.storage, self.mirror.target, self.framework, accept, before, skip, mirrored, check
             )
             if record is None or tier is not self.mirror.target:
                 return record, tier

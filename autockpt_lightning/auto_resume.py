@@ -14,20 +14,26 @@ Call order (training thread, every rank):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import pickle
+import tempfile
+import uuid
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import lightning.pytorch as pl
 import torch
 
 from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
-from autockpt_core.persist import CheckpointRecord, location_of
-from autockpt_core.persist.storage import fetched
+from autockpt_core.agreed_check import AgreedCheck
+from autockpt_core.persist import CheckpointRecord, Storage, location_of
+from autockpt_core.config import path_of_location
+from autockpt_core.persist.storage import download
 
 from . import resume as _resume
-from .distributed import raise_if_any_failed
+from .distributed import LightningRanks, raise_if_any_failed
 
 FINAL_REASON = "end of training"
 CONTINUES_EXACTLY = "continues_exactly"
@@ -40,17 +46,19 @@ def load_newest(
     verbose: bool,
     storage_options: Mapping[str, Any] | None = None,
     allow_pickle: bool = False,
+    sharded: Storage | None = None,
 ) -> int | None:
     """Restore modules and callbacks from the newest valid checkpoint; returns its step (every rank).
 
     ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts. A
-    checkpoint under a URL (object storage) is first fetched to a local temporary file with
-    ``storage_options`` (Lightning would open the URL without them). An
+    checkpoint under a URL (object storage) is first downloaded once per node (:func:`node_copy`). An
     error on any rank (an unreadable manifest, a locked or unwritable dirpath, a checkpoint
     that does not fit the model) is raised on every rank.
     Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer already trained.
     The file is loaded weights only (:func:`untrusted_load_error` explains a refusal), unless
-    ``allow_pickle`` (``Config.allow_pickle``).
+    ``allow_pickle`` (``Config.allow_pickle``). ``sharded``: ``dirpath``, when every rank wrote
+    the checkpoints (a sharded model): every rank then verifies its own files of each candidate
+    (:class:`~autockpt_core.agreed_check.AgreedCheck`).
     """
     # Auto-resume route (lightning 2.6). Trainer._run restores modules and callbacks from
     # fit()'s ckpt_path before on_fit_start and loops/optimizers right after it, both from
@@ -72,11 +80,15 @@ def load_newest(
     path: str | None = None
     resumed: int | None = None
     error: BaseException | None = None
+    agreed = AgreedCheck(LightningRanks(trainer), sharded) if sharded is not None and trainer.world_size > 1 else None
+    if session is None and agreed is not None:
+        agreed.follow()  # rank 0's checks of each candidate's files, this rank's share
     if session is not None:
+        check = agreed.check if agreed is not None else None
         try:
-            record = session.resume_record()
+            record = session.resume_record(check=check)
             if record is not None and not record.meta.get(CONTINUES_EXACTLY, True) and _more_to_train(trainer, record):
-                record = _before_final(session, record, verbose)
+                record = _before_final(session, record, verbose, check)
         except Exception as exc:  # every rank raises it (raise_if_any_failed), none waits for rank 0
             error = exc
         else:
@@ -87,6 +99,9 @@ def load_newest(
                     mirror = session.mirror
                     source = f" (copied from the mirror {mirror.location})" if session.copied_from_mirror and mirror else ""
                     print(f"autockpt: resuming from step {record.step}: {path}{source}", flush=True)
+        finally:
+            if agreed is not None:
+                agreed.done()
     raise_if_any_failed(trainer, error)
     if trainer.world_size > 1:
         path, resumed = trainer.strategy.broadcast((path, resumed), src=0)
@@ -94,25 +109,60 @@ def load_newest(
         return resumed
     # The manifest's CRC-32 finds torn and corrupted files, not forged ones: whoever can write
     # dirpath (or the mirror) can write a valid record too. So the file is loaded weights only.
+    local, copied = node_copy(trainer, path, storage_options)
     restore = connector._restore_modules_and_callbacks
     error = None
     try:
-        with fetched(path, storage_options) as local:
-            if "weights_only" in inspect.signature(restore).parameters:
-                try:
-                    restore(local, weights_only=not allow_pickle)
-                except pickle.UnpicklingError as exc:
-                    raise untrusted_load_error(local, path, exc) from None
-            else:  # pragma: no cover - older Lightning, which always unpickles fully
-                restore(local)
+        if "weights_only" in inspect.signature(restore).parameters:
+            try:
+                restore(local, weights_only=not allow_pickle)
+            except pickle.UnpicklingError as exc:
+                raise untrusted_load_error(local, path, exc) from None
+        else:  # pragma: no cover - older Lightning, which always unpickles fully
+            restore(local)
     except UntrustedCheckpointError as exc:
         error = exc
     except RuntimeError as exc:
         error = _not_this_model(exc, path) if "state_dict" in str(exc) else exc
     except Exception as exc:
         error = exc
-    raise_if_any_failed(trainer, error)  # a rank that cannot read the file must not leave the others waiting
+    try:
+        raise_if_any_failed(trainer, error)  # a rank that cannot read the file must not leave the others waiting
+    finally:
+        if copied:  # every rank of this node has loaded it (the agreement above is a collective)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local)
     return resumed
+
+
+def node_copy(trainer: pl.Trainer, path: str, storage_options: Mapping[str, Any] | None) -> tuple[str, bool]:
+    """Collective: a local file holding the checkpoint at ``path`` for every rank, and whether
+    it is a temporary copy that this rank must remove once every rank has loaded it.
+
+    A local path is used as it is. A URL (object storage) is downloaded once per node, by the
+    node's local rank 0, into the temporary directory, with ``storage_options`` (Lightning would
+    open the URL without them); the other ranks of the node wait for it and read that copy. A
+    failed download is raised on every rank.
+    """
+    if path_of_location(path) is not None:
+        return path, False
+    token = uuid.uuid4().hex[:12]
+    if trainer.world_size > 1:
+        token = trainer.strategy.broadcast(token, src=0)
+    local = os.path.join(
+        tempfile.gettempdir(), f"autockpt-fetched-{token}-node{trainer.node_rank}{os.path.splitext(path)[1]}"
+    )
+    error: BaseException | None = None
+    downloads = trainer.local_rank == 0
+    if downloads:
+        try:
+            download(path, local, storage_options)
+        except Exception as exc:
+            error = exc
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local)
+    raise_if_any_failed(trainer, error)  # also: the copy is complete before any rank reads it
+    return local, downloads
 
 
 class UntrustedCheckpointError(AutockptError, RuntimeError):
@@ -145,7 +195,12 @@ def _more_to_train(trainer: pl.Trainer, record: CheckpointRecord) -> bool:
     return not (max_epochs is not None and max_epochs >= 0 and (record.epoch or 0) >= max_epochs)
 
 
-def _before_final(session: CheckpointSession, final: CheckpointRecord, verbose: bool) -> CheckpointRecord:
+def _before_final(
+    session: CheckpointSession,
+    final: CheckpointRecord,
+    verbose: bool,
+    check: Callable[[CheckpointRecord], str | None] | None = None,
+) -> CheckpointRecord:
     """The checkpoint to continue from when the newest is a final one Lightning cannot continue exactly.
 
     A final checkpoint taken at an epoch's end holds the finished model, but Lightning does not
@@ -153,7 +208,7 @@ def _before_final(session: CheckpointSession, final: CheckpointRecord, verbose: 
     the newest checkpoint before it (and trains those steps again). Without one, it resumes from
     the final checkpoint with a :class:`~autockpt_core.ResumeNotExactWarning`.
     """
-    earlier = session.resume_record(before=final)
+    earlier = session.resume_record(before=final, check=check)
     if earlier is None:
         warnings.warn(
             f"autockpt: resuming from the final checkpoint of step {final.step} (an epoch's end) to train "

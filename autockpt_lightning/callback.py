@@ -104,6 +104,7 @@ from autockpt_core import (
 )
 from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
 from autockpt_core.emergency import commit_emergency
+from autockpt_core.persist import storage_for
 from autockpt_core.persist.failures import unfinished_message
 from autockpt_core.policy.rank_timing import StepClock
 from autockpt_torch import TorchSnapshotter, torch_buffer_pool, torch_shared_pool
@@ -269,9 +270,13 @@ class AutoCheckpoint(Callback):
         self._reset_fit_state(trainer)
         self._start_preemption(trainer)  # a signal during the resume or the sanity check counts too
         if self.config.resume:
+            sharded = None  # every rank verifies its own files of a sharded checkpoint
+            if self._sharded is not None:
+                sharded = self._storage or storage_for(self.config.dirpath)
             self.resumed_from = load_newest(
-                trainer, self._session, self.config.verbose, self.config.storage_options, self.config.allow_pickle
-            )
+                trainer, self._session, self.config.verbose, self.config.storage_options, self.config.allow_pickle,
+                sharded=sharded,
+            )  # fmt: skip
         self._saved_step = self.resumed_from
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -122,8 +122,32 @@ def _checksum_and_sync(directory: Path, fsync: bool, known: Checksums) -> dict[s
     return files
 
 
+def share_of(files: dict[str, list[Any]], index: int, count: int) -> dict[str, list[Any]]:
+    """The files process ``index`` of ``count`` verifies at a resume, so that each file is read
+    by one process: a rank's own shards (``__<rank>_<n>.distcp``, DCP's names) by that rank, the
+    others spread over the processes by their sorted position."""
+    mine: dict[str, list[Any]] = {}
+    spread = 0
+    for relative in sorted(files):
+        owner = _shard_rank(relative)
+        if owner is None or owner >= count:
+            owner, spread = spread % count, spread + 1
+        if owner == index:
+            mine[relative] = files[relative]
+    return mine
+
+
+def _shard_rank(relative: str) -> int | None:
+    stem, _, suffix = relative.rpartition(".")
+    if suffix != "distcp" or "/" in relative or not stem.startswith("__"):
+        return None
+    rank, _, _ = stem[2:].partition("_")
+    return int(rank) if rank.isdigit() else None
+
+
 def verify_file_set(storage: Storage, name: str, files: dict[str, list[Any]], algorithm: str) -> str | None:
-    """None when the directory ``name`` holds every listed file with its size and checksum."""
+    """None when the directory ``name`` holds every listed file (of ``files``: all of a
+    record's, or a process's :func:`share_of` them) with its size and checksum."""
     root = storage.local_path(name) if isinstance(storage, LocalStorage) else None
     if root is None or not os.path.isdir(root):
         return "directory missing"

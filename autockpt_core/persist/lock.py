@@ -80,8 +80,10 @@ class DirectoryLock:
         return self._fd is not None
 
     @classmethod
-    def acquire(cls, directory: Path, holder: Holder) -> DirectoryLock | None:
+    def acquire(cls, directory: Path, holder: Holder, field: str = "dirpath") -> DirectoryLock | None:
         """Lock ``directory`` (created if missing) or raise :class:`DirectoryLockedError`.
+
+        ``field`` names the setting that points there (``dirpath``, or ``mirror``) in messages.
 
         Returns None, with a ``RuntimeWarning``, where the filesystem cannot lock. A lock file
         that is a symbolic link raises ``OSError(ELOOP)`` naming it; other ``OSError`` (the path
@@ -102,12 +104,12 @@ class DirectoryLock:
                     collected = True
                     gc.collect()
                     continue
-                raise _locked_error(directory, _read_holder(path), same_process=_held_here(key)) from None
+                raise _locked_error(directory, _read_holder(path), _held_here(key), field) from None
             except OSError as exc:
                 os.close(dir_fd)
                 if exc.errno not in _UNSUPPORTED:
                     raise
-                _warn_unsupported(directory, exc)
+                _warn_unsupported(directory, exc, field)
                 return None
             try:
                 fd = _open_lock_file(path)
@@ -120,7 +122,7 @@ class DirectoryLock:
                 text = _read(fd)
                 os.close(fd)
                 os.close(dir_fd)
-                raise _locked_error(directory, text, same_process=False) from None
+                raise _locked_error(directory, text, False, field) from None
             except BaseException:
                 os.close(fd)
                 os.close(dir_fd)
@@ -196,27 +198,30 @@ def _read_holder(path: Path) -> str:
         os.close(fd)
 
 
-def lock_directory(storage: Storage, framework: str) -> DirectoryLock | None:
-    """Lock the directory of a local storage; None for remote storage (fsspec URLs)."""
+def lock_directory(storage: Storage, framework: str, field: str = "dirpath") -> DirectoryLock | None:
+    """Lock the directory of a local storage; None for remote storage (fsspec URLs).
+    ``field``: the setting that names it, for messages."""
     path = storage.local_path(LOCK_NAME)
     if path is None:
         return None
-    return DirectoryLock.acquire(Path(path).parent, Holder.current(framework))
+    return DirectoryLock.acquire(Path(path).parent, Holder.current(framework), field)
 
 
-def _locked_error(directory: Path, text: str, same_process: bool) -> DirectoryLockedError:
+def _locked_error(directory: Path, text: str, same_process: bool, field: str = "dirpath") -> DirectoryLockedError:
     holder = _parse(text)
     who = Holder(**holder).describe() if holder is not None else "details not written yet"
     if same_process:
         message = (
             f"autockpt: another CheckpointSession in this process ({who}) still holds {directory}. "
-            "Fix: call finish() (or close()) on that session first, or give this one another dirpath."
+            f"Fix: call finish() (or close()) on that session first, or give this one another {field}."
         )
     else:
+        what = f"is writing checkpoints to {directory}" if field == "dirpath" else f"uses {directory} as its {field}"
         message = (
-            f"autockpt: another session is writing checkpoints to {directory} ({who}); two writers "
-            "in one directory would delete or overwrite each other's checkpoints. Fix: wait for that "
-            "run to end (or stop it), or give this run another dirpath."
+            f"autockpt: another session {what} ({who}); two writers "
+            "in one directory would delete or overwrite each other's checkpoints"
+            + (" and resume each other's runs" if field == "mirror" else "")
+            + f". Fix: wait for that run to end (or stop it), or give this run another {field}."
         )
     return DirectoryLockedError(message, str(directory), holder)
 
@@ -244,11 +249,12 @@ def _held_here(key: tuple[int, int]) -> bool:
         return any(lock.key == key for lock in _held)
 
 
-def _warn_unsupported(directory: Path, exc: OSError) -> None:
+def _warn_unsupported(directory: Path, exc: OSError, field: str = "dirpath") -> None:
     message = (
         f"autockpt: the filesystem of {directory} does not support file locks ({exc}); a second run "
-        "writing to this dirpath at the same time is not detected, and leftovers of interrupted "
-        "writes are not cleaned up. Give every run its own dirpath."
+        f"writing to this {field} at the same time is not detected"
+        + (", and leftovers of interrupted writes are not cleaned up" if field == "dirpath" else "")
+        + f". Give every run its own {field}."
     )
     log.warning(message)
     warnings.warn(message, RuntimeWarning, stacklevel=4)

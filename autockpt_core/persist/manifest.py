@@ -194,18 +194,22 @@ def verify(storage: Storage, record: CheckpointRecord) -> str | None:
 
 
 def find_latest_valid(
-    storage: Storage, framework: str | None = None, accept: Callable[[CheckpointRecord], bool] | None = None
+    storage: Storage,
+    framework: str | None = None,
+    accept: Callable[[CheckpointRecord], bool] | None = None,
+    check: Callable[[CheckpointRecord], str | None] | None = None,
 ) -> CheckpointRecord | None:
     """The newest checkpoint whose file verifies; corrupt newer ones are skipped with a warning.
 
     ``accept``: only records it returns True for are considered (checked before verifying).
+    ``check``: verifies a record in place of :func:`verify` (None when it is intact, else why not).
     """
     for record in reversed(read_manifest(storage)):
         if framework is not None and record.framework != framework:
             continue
         if accept is not None and not accept(record):
             continue
-        problem = verify(storage, record)
+        problem = check(record) if check is not None else verify(storage, record)
         if problem is None:
             return record
         warn_skipped(record, storage.location, problem, stacklevel=3)

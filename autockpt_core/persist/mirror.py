@@ -121,6 +121,7 @@ class Mirror:
         self._gave_up = False  # deliver() gave up on an upload: close() does not wait for it
         self._failed_record: CheckpointRecord | None = None  # the record of the stored failure
         self._twins: dict[tuple[str, str | None], str] = {}  # (framework, run) -> fast-tier name
+        self._stopped = False  # stop(): another session took the mirror
 
     def protected(self) -> Collection[str]:
         """Fast-tier names retention must keep (writer thread; no I/O): per framework and run,
@@ -151,9 +152,20 @@ class Mirror:
         with self._cond:
             return self._running
 
+    def stop(self, message: str) -> None:
+        """Stop uploading for good (any thread; another session took the mirror, see
+        :mod:`.mirror_claim`): the upload in flight is abandoned, later records are not
+        uploaded, and ``message`` is raised once in the training thread as ``MirrorWriteError``."""
+        with self._cond:
+            self._stopped, self._abandon, self._pending = True, True, None
+            self._failure, self._cause, self._failed_record = message, None, None
+            self._cond.notify_all()
+
     def submit(self, record: CheckpointRecord) -> None:
         """Queue ``record`` (committed in the fast tier) for upload; replaces one still waiting."""
         with self._cond:
+            if self._stopped:
+                return
             if self._pending is not None:
                 self.superseded += 1
                 log.info("autockpt: mirror skips %s (step %d): a newer checkpoint is committed",

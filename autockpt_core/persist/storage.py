@@ -16,15 +16,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Protocol, cast, runtime_checkable
 
 from ..config import path_of_location
 from .checksum import ALGORITHM, HashingWriter
+
+log = logging.getLogger("autockpt")
 
 TEMP_PREFIX = ".autockpt-tmp-"
 SMALL_WRITES = 256 * 1024
@@ -273,6 +277,11 @@ class FsspecStorage:
     def local_path(self, name: str) -> str | None:
         return None
 
+    def modified(self, name: str) -> float:
+        """The object's last write by the store's clock (see :func:`modified_time`)."""
+        self._fs.invalidate_cache(self._root)
+        return float(self._fs.modified(self._path(name)).timestamp())
+
     def cleanup_temporaries(self) -> int:
         removed = 0
         self._fs.invalidate_cache(self._root)
@@ -328,6 +337,18 @@ class _EarlyWriteback:
         return self._fd
 
 
+def modified_time(storage: Storage, name: str) -> float | None:
+    """When ``name`` was last written, in seconds since the epoch, by the clock of the machine
+    that stores it (an object store's own); None when missing or the backend cannot tell."""
+    modified = getattr(storage, "modified", None)
+    if modified is None:
+        return None
+    try:
+        return cast("float | None", modified(name))
+    except (OSError, NotImplementedError, ValueError, TypeError):
+        return None
+
+
 def location_of(storage: Storage, name: str) -> str:
     """A path (local storage) or URL (fsspec storage) for ``name``: what a framework loads from."""
     path = storage.local_path(name)
@@ -362,15 +383,26 @@ def fetched(location: str, storage_options: Mapping[str, Any] | None = None) -> 
     if path is not None:
         yield path
         return
-    import fsspec
-
     handle, path = tempfile.mkstemp(prefix="autockpt-fetched-", suffix=os.path.splitext(location)[1])
+    os.close(handle)
     try:
-        with os.fdopen(handle, "wb") as out, fsspec.open(location, "rb", **dict(storage_options or {})) as src:
-            shutil.copyfileobj(src, out, 16 * 1024 * 1024)
+        download(location, path, storage_options)
         yield path
     finally:
         os.unlink(path)
+
+
+def download(location: str, path: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """Copy the file at the URL ``location`` to the local ``path`` (fsspec, ``storage_options``),
+    in blocks of 16 MiB; returns the bytes copied. Logged at INFO."""
+    import fsspec
+
+    start = time.perf_counter()
+    with open(path, "wb") as out, fsspec.open(location, "rb", **dict(storage_options or {})) as src:
+        shutil.copyfileobj(src, out, 16 * 1024 * 1024)
+        size = out.tell()
+    log.info("autockpt: downloaded %s (%d bytes) to %s in %.2fs", location, size, path, time.perf_counter() - start)
+    return size
 
 
 def _abandon(raw: Any) -> None:

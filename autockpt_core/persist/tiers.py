@@ -107,6 +107,7 @@ def newest_of_tiers(
     before: CheckpointRecord | None = None,
     skip: Collection[str] = (),
     mirrored: list[CheckpointRecord] | None = None,
+    check: Callable[[CheckpointRecord], str | None] | None = None,
 ) -> tuple[CheckpointRecord | None, Storage | None]:
     """The checkpoint to resume from and the tier that holds it (see the module docstring).
 
@@ -115,6 +116,7 @@ def newest_of_tiers(
     mirror: before its copy there; none if the mirror has no copy of it). ``skip``: mirror
     records (by name) found corrupt or missing since. ``mirrored``: the mirror's manifest,
     when the caller has read it already (each read is a round trip to object storage).
+    ``check``: verifies a fast-tier record in place of reading it here (see ``find_latest_valid``).
 
     A fast-tier record is verified (its file read; corrupt or missing files are skipped with a
     warning, as by ``find_latest_valid``). A mirror record is not: its file is read once, by
@@ -138,7 +140,7 @@ def newest_of_tiers(
         None,
     )  # fmt: skip
     if remote is None:
-        local = find_latest_valid(fast, framework=framework, accept=fast_accept)
+        local = find_latest_valid(fast, framework=framework, accept=fast_accept, check=check)
         return (local, fast) if local is not None else (None, None)
     matches = [r for r in read_manifest(fast) if same_checkpoint(r, remote)]
     if not matches:
@@ -148,7 +150,7 @@ def newest_of_tiers(
     def continued(record: CheckpointRecord) -> bool:
         return commit_order(record) >= since and (fast_accept is None or fast_accept(record))
 
-    local = find_latest_valid(fast, framework=framework, accept=continued)
+    local = find_latest_valid(fast, framework=framework, accept=continued, check=check)
     return (local, fast) if local is not None else (remote, mirror)
 
 

@@ -1,10 +1,15 @@
 """Lightning with ``dirpath="s3://..."`` and ``storage_options``, against a real S3-compatible
 server (moto, a process on 127.0.0.1): a run that crashes mid-epoch is rerun and resumes from
 the newest object (fetched with the options, since Lightning would open the URL without
-them), ending bitwise equal to an uninterrupted run."""
+them), ending bitwise equal to an uninterrupted run; under DDP the ranks of a node share one
+download."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,3 +43,47 @@ def test_lightning_checkpoints_to_s3_and_a_rerun_resumes_bitwise(tmp_path: Path,
     assert isinstance(cb.session.storage, FsspecStorage)  # type: ignore[union-attr]
     assert_weights_equal(weights_of(model), baseline(tmp_path))
     assert len(read_manifest(storage)) == 2  # keep_last=2, retention on the server too
+
+
+DDP_SCRIPT = """
+import logging, sys
+import torch
+sys.path.insert(0, {root!r})
+from tests.lightning.lightning_helpers import Recorder, TinyData, TinyModel, make_trainer
+from autockpt_lightning import AutoCheckpoint
+
+torch.set_num_threads(1)
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+root, url, endpoint, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+options = {{"endpoint_url": endpoint, "key": "testing", "secret": "testing"}}
+cb = AutoCheckpoint(url, storage_options=options, every_n_steps=3, verbose=False)
+recorder = Recorder(cb)
+trainer = make_trainer(root, [cb, recorder], steps, strategy="ddp", devices=2, enable_checkpointing=False)
+trainer.fit(TinyModel(), TinyData())
+print(f"RESULT rank={{trainer.global_rank}} start={{recorder.start_step}}", flush=True)
+from tests.fault.child import exit_without_teardown
+exit_without_teardown(0)
+"""
+
+
+def test_ddp_ranks_of_one_node_resume_from_s3_through_one_download(tmp_path: Path, s3_server: Any) -> None:
+    url = s3_server.url(f"lightning-ddp-{uuid.uuid4().hex[:8]}")
+    script = tmp_path / "train_ddp_s3.py"
+    script.write_text(DDP_SCRIPT.format(root=str(Path(__file__).resolve().parents[2])))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path))
+
+    def run(steps: int) -> tuple[set[str], str]:
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), url, s3_server.endpoint, str(steps)],
+            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output[-4000:]
+        return set(re.findall(r"RESULT rank=\d+ start=\d+", proc.stdout)), output
+
+    assert run(7)[0] == {"RESULT rank=0 start=0", "RESULT rank=1 start=0"}
+    results, output = run(10)
+    assert results == {"RESULT rank=0 start=7", "RESULT rank=1 start=7"}
+    downloads = re.findall(r"autockpt: downloaded (\S+) \(\d+ bytes\)", output)
+    assert downloads == [f"{url}/ckpt-step000000007.ckpt"]  # one node: one download for both ranks
+    assert not list(tmp_path.glob("autockpt-fetched-*"))  # removed once both ranks loaded it

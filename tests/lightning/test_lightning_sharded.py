@@ -57,12 +57,16 @@ def test_every_rank_writes_its_shards_and_lightning_loads_the_directory(tmp_path
     script.write_text(SCRIPT.format(root=str(REPO)))
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
 
+    output = ""
+
     def run(steps: int, mode: str) -> set[str]:
+        nonlocal output
         proc = subprocess.run(
             [sys.executable, str(script), str(tmp_path), str(steps), mode],
             capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        output = proc.stdout + proc.stderr
         return set(re.findall(r"RESULT rank=\d+ start=\d+ saved=\[[^\]]*\]", proc.stdout))
 
     assert run(10, "auto") == {"RESULT rank=0 start=0 saved=[4, 8, 10]", "RESULT rank=1 start=0 saved=[]"}
@@ -89,6 +93,10 @@ def test_every_rank_writes_its_shards_and_lightning_loads_the_directory(tmp_path
     )  # fmt: skip
     assert inspect.returncode == 0, inspect.stderr
     assert [(c["step"], c["status"]) for c in json.loads(inspect.stdout)] == [(10, "ok"), (12, "ok"), (14, "ok")]
+    # A resume verifies each rank's shards on that rank: rank 1's torn shard makes both ranks resume step 12
+    (tmp_path / "ck" / newest.name / "__1_0.distcp").write_bytes(b"torn")
+    assert run(18, "auto") == {"RESULT rank=0 start=12 saved=[16, 18]", "RESULT rank=1 start=12 saved=[]"}
+    assert re.search(rf"skipping checkpoint {re.escape(newest.name)} \(step 14\).*__1_0\.distcp.*checked by rank 1", output)
 
 
 @pytest.mark.parametrize(

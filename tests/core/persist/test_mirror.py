@@ -234,5 +234,6 @@ def test_deliver_gives_up_after_its_timeout_and_never_raises(fast: LocalStorage,
     failing = commit(fast, 2)
     mirror.submit(failing)
     delivery = mirror.deliver(failing, timeout=10)  # one attempt, no retries: the job is going away
-    assert not delivery.uploaded and "connection reset" in (delivery.problem or "") and remote.attempts == 2
+    # one attempt after deliver() began (one that failed before it may have been retried once)
+    assert not delivery.uploaded and "connection reset" in (delivery.problem or "") and remote.attempts in (2, 3)
     mirror.raise_if_failed()  # reported in the delivery, not raised
