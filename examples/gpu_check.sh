@@ -31,6 +31,8 @@ REPO=$PWD
 OUT=${OUT:-$REPO/gpu-check-out}
 mkdir -p "$OUT"
 BUDGET=${GPU_CHECK_BUDGET:-400}
+ONLY=${GPU_CHECK_STEPS:-env install imports gpu-tests benchmark cpu-subset}  # which steps run
+want() { [[ " $ONLY " == *" $1 "* ]]; }
 WHEELS=$REPO/.device-wheels
 SITE=${TMPDIR:-/tmp}/autockpt-device-site
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
@@ -104,10 +106,10 @@ EOF
 }
 export -f env_report
 export PY REPO
-step env "$(limit 45 330)" "$OUT/env.txt" bash -c env_report
+want env && step env "$(limit 45 330)" "$OUT/env.txt" bash -c env_report
 
 # -- 2. missing packages, from .device-wheels only ----------------------------------------------
-step install "$(limit 60 300)" "$OUT/install.txt" "$PY" - "$WHEELS" "$SITE" <<'EOF'
+want install && step install "$(limit 60 300)" "$OUT/install.txt" "$PY" - "$WHEELS" "$SITE" <<'EOF'
 """Install the modules that are missing, one distribution at a time, with --no-deps, into a
 separate target folder (PYTHONPATH has it); fall back to unpacking the matching wheel there
 when pip is missing or fails. Present packages are never reinstalled or upgraded."""
@@ -188,7 +190,7 @@ print("still missing:", ", ".join(still) or "none")
 sys.exit(1 if failed else 0)
 EOF
 
-step imports "$(limit 45 280)" "$OUT/imports.txt" env KERAS_BACKEND=torch "$PY" - <<'EOF'
+want imports && step imports "$(limit 45 280)" "$OUT/imports.txt" env KERAS_BACKEND=torch "$PY" - <<'EOF'
 import importlib, sys
 for name in ["numpy", "yaml", "fsspec", "rich", "safetensors", "pytest", "hypothesis", "torch", "lightning",
              "torchdata", "autockpt_core", "autockpt_torch", "autockpt_lightning", "keras", "autockpt_keras"]:
@@ -200,7 +202,7 @@ for name in ["numpy", "yaml", "fsspec", "rich", "safetensors", "pytest", "hypoth
 EOF
 
 # -- 3. GPU tests ---------------------------------------------------------------------------------
-step gpu-tests "$(limit 140 230)" "$OUT/pytest_gpu.txt" env AUTOCKPT_GPU_REPORT="$OUT/gpu_test_report.json" \
+want gpu-tests && step gpu-tests "$(limit 140 230)" "$OUT/pytest_gpu.txt" env AUTOCKPT_GPU_REPORT="$OUT/gpu_test_report.json" \
     "$PY" -m pytest -q -p no:cacheprovider -rA --durations=20 --junitxml="$OUT/pytest_gpu.xml" tests/gpu
 
 # -- 4. GPU benchmark -----------------------------------------------------------------------------
@@ -211,7 +213,7 @@ if [ "$(timeout 60 "$PY" -c 'import torch; print(int(torch.cuda.is_available()))
     BENCH_ARGS=(--device cpu --sizes 4MB --modes sync,overlap,device --default-fit-size 4MB
                 --default-fit-seconds 2 --clean-steps 30)
 fi
-step benchmark "$BENCH_LIMIT" "$OUT/gpu_benchmark.txt" "$PY" examples/gpu_benchmark.py \
+want benchmark && step benchmark "$BENCH_LIMIT" "$OUT/gpu_benchmark.txt" "$PY" examples/gpu_benchmark.py \
     --json "$OUT/gpu_benchmark.json" --budget-s $((BENCH_LIMIT - 20)) "${BENCH_ARGS[@]}"
 
 # -- 5. existing tests of the snapshot modes, with CUDA present ------------------------------------
@@ -220,9 +222,10 @@ step benchmark "$BENCH_LIMIT" "$OUT/gpu_benchmark.txt" "$PY" examples/gpu_benchm
 # model, but pinned buffers and the persist thread that CUDA's presence selects) and buffer
 # prefaulting. Deselected: a test that expects persist_mode "auto" to pick the persist process,
 # which by design it does not where CUDA is available.
-step cpu-subset "$(limit 45 0)" "$OUT/pytest_subset.txt" "$PY" -m pytest -q -p no:cacheprovider -rf \
-    tests/torch tests/core/test_session_pending.py tests/core/policy/test_mode_trial.py \
-    tests/lightning/test_snapshot_overlap.py tests/lightning/test_lightning_persist.py \
+# GPU_CHECK_SUBSET replaces the test paths (e.g. "tests/torch/test_sharded_writer.py").
+read -r -a SUBSET <<< "${GPU_CHECK_SUBSET:-tests/torch tests/core/test_session_pending.py tests/core/policy/test_mode_trial.py tests/lightning/test_snapshot_overlap.py tests/lightning/test_lightning_persist.py}"
+want cpu-subset && step cpu-subset "$(limit 90 0)" "$OUT/pytest_subset.txt" "$PY" -m pytest -q -p no:cacheprovider -rf \
+    "${SUBSET[@]}" \
     --deselect tests/lightning/test_lightning_persist.py::test_checkpoints_are_written_by_the_persist_process_from_prefaulted_buffers
 
 # -- summary --------------------------------------------------------------------------------------
