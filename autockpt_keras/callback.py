@@ -61,12 +61,10 @@ previous checkpoint stays the newest valid one. Signal handlers only set a flag 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -80,15 +78,14 @@ from autockpt_core import (
     AutockptError,
     CheckpointRecord,
     CheckpointSession,
-    Config,
     Preempted,
     PreemptionHandler,
     PreemptionRecord,
     ResumeNotExactWarning,
     RunSummary,
-    Storage,
 )
-from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
+from autockpt_core.callback_settings import CallbackSettings
+from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.emergency import commit_emergency
 from autockpt_core.persist import storage_for
 from autockpt_core.persist.failures import unfinished_message
@@ -96,7 +93,6 @@ from autockpt_core.policy.rank_timing import StepClock
 from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
 
-from .checkpoint_event import CheckpointEvent
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, read_record
 from .copying import Copier, buffer_pool_for, copier_for
 from .data_stream import find_epoch_iterator
@@ -122,11 +118,6 @@ LOG_KEYS = {
     "autockpt_overhead_pct": "autockpt/overhead_pct",
 }
 
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
-
-# Config's defaults, so the signature shows the real values without restating them.
-_DEFAULTS = CONFIG_DEFAULTS
-
 
 _Hook = TypeVar("_Hook", bound=Callable[..., None])
 
@@ -149,7 +140,7 @@ def _ends_fit_on_error(hook: _Hook) -> _Hook:
     return cast(_Hook, wrapper)
 
 
-class AutoCheckpoint(keras.callbacks.Callback):
+class AutoCheckpoint(CallbackSettings, keras.callbacks.Callback):
     """Automatic, crash-safe checkpointing for ``model.fit()``; see the module docstring.
 
     Usage::
@@ -157,55 +148,15 @@ class AutoCheckpoint(keras.callbacks.Callback):
         model.fit(x, y, epochs=10, callbacks=[AutoCheckpoint("ckpts", overhead_budget="2%")])
         # rerun the same script: it resumes from the newest valid checkpoint in "ckpts"
 
-    Every keyword mirrors a field of :class:`autockpt_core.Config` (same defaults) and is
-    validated here: a bad value raises :class:`~autockpt_core.ConfigError` at construction.
-    Alternatively pass a built ``config``; then the keywords that differ from their defaults
-    (and ``dirpath``) override it.
-
-    Args:
-        dirpath: Directory (or ``file://``/fsspec URL) for checkpoints and the manifest.
-        overhead_budget: Largest fraction of training time checkpointing may take (0.02, "2%").
-        mtbf: Mean time between failures (seconds or "6h"); enables Young/Daly.
-        every_n_steps: Checkpoint exactly every N optimizer steps instead of the policy.
-        min_interval / max_interval: Bounds on the time between checkpoints ("30s", "30min").
-        keep_last: Number of checkpoints kept; older ones go after a newer one is durable.
-        warmup_steps: Steps the profiler ignores (tracing, compilation, allocator warm-up).
-        profile_window: Samples per online estimate.
-        async_persist: Write files in a background thread (True) or in the training thread.
-        resume: Restore the newest valid checkpoint in ``dirpath`` when ``fit()`` starts.
-        schedule: "uniform" or "front_loaded" (needs ``mtbf``).
-        adaptive: Re-tune the interval when measured overhead drifts.
-        verbose: Print the resume message and the end-of-training summary line.
-        total_steps: Optimizer steps the whole run is expected to take (front-loaded schedule).
-        signals: Signals that ask for an emergency checkpoint at the next batch end
-            (default SIGTERM and SIGUSR1; ``()`` turns this off). Installed in
-            ``on_train_begin`` (main thread only), uninstalled in ``on_train_end``.
-        on_preempt: After that checkpoint is durable: "exit" raises
-            :class:`~autockpt_core.Preempted` (a ``SystemExit`` with status 128 + signal
-            number) out of ``fit()``; "continue" trains on.
-        snapshot_mode: Where the snapshot copy runs. The Keras adapter always copies on the
-            training thread before the hook returns ("sync"; on the torch backend with CUDA
-            through a copy stream into pinned buffers); "overlap"/"device" log a warning.
-        persist_mode: Where the file is written: "process" (a lower-priority process reading
-            the snapshot buffers from shared memory, so the persist never holds the training
-            thread's GIL), "thread" (a writer thread) or "auto" ("process" on Linux with a
-            local ``dirpath``, unless the torch backend has CUDA).
-        storage_options: fsspec options for a URL ``dirpath`` or ``mirror`` (``s3://...``): e.g.
-            ``endpoint_url``, ``key``, ``secret``.
-        mirror: A second tier (``s3://bucket/run``, another URL or a directory) every committed
-            checkpoint is copied to in the background; ``dirpath`` is then the fast, node-local
-            tier, and a resume takes the newest checkpoint of either (``Config.mirror``).
-        mirror_keep_last: Checkpoints the mirror keeps (default ``keep_last``).
-        mirror_max_failures, mirror_max_outage: When failed uploads stop training (5 in a row,
-            or "1h" without a successful one); each failure before is a warning and is retried.
-        mirror_preempt_wait: How long an emergency checkpoint waits for the mirror ("60s").
-        allow_pickle: Lightning only (Keras checkpoints hold no pickles); accepted for one
-            shared configuration.
-        config: A ready :class:`~autockpt_core.Config`; explicit settings above override it.
-        save_on_train_end: Take a final checkpoint when ``fit()`` returns normally and the
-            state advanced since the newest checkpoint, so a rerun with more epochs continues
-            exactly where this one ended (skipped, with a warning, if the last loss is NaN/inf).
-        storage: Replaces the storage ``dirpath`` would select (tests, custom backends).
+    The keywords are :class:`~autockpt_core.callback_settings.CallbackSettings`' (the fields
+    of :class:`autockpt_core.Config`, documented there, plus ``config``, ``save_on_train_end``
+    and ``storage``); a bad value raises :class:`~autockpt_core.ConfigError` at construction;
+    :meth:`from_config` reads a YAML or TOML file. In Keras: ``snapshot_mode`` is always
+    "sync" (the copy runs on the training thread before the hook returns; on the torch backend
+    with CUDA through a copy stream into pinned buffers; "overlap"/"device" log a warning);
+    ``persist_mode="auto"`` keeps the writer thread on the torch backend with CUDA;
+    ``allow_pickle`` has no effect (Keras checkpoints hold no pickles). ``signals`` are
+    installed in ``on_train_begin`` (main thread only) and uninstalled in ``on_train_end``.
 
     Resume: the global step is ``model.optimizer.iterations``. A rerun continues at the
     batch after the checkpoint's: the weights, optimizer, metric and seed-generator state are
@@ -228,50 +179,10 @@ class AutoCheckpoint(keras.callbacks.Callback):
     :class:`~autockpt_core.PreemptionRecord` after a signal, else None).
     """
 
-    _explicit_keywords: frozenset[str] = frozenset()  # set by records_explicit_keywords
-
-    @records_explicit_keywords
-    def __init__(
-        self,
-        dirpath: str | os.PathLike[str] | None = None,
-        *,
-        overhead_budget: float | str = _DEFAULTS["overhead_budget"],
-        mtbf: float | str | None = _DEFAULTS["mtbf"],
-        every_n_steps: int | None = _DEFAULTS["every_n_steps"],
-        min_interval: float | str | None = _DEFAULTS["min_interval"],
-        max_interval: float | str | None = _DEFAULTS["max_interval"],
-        keep_last: int = _DEFAULTS["keep_last"],
-        warmup_steps: int = _DEFAULTS["warmup_steps"],
-        profile_window: int = _DEFAULTS["profile_window"],
-        async_persist: bool = _DEFAULTS["async_persist"],
-        resume: bool = _DEFAULTS["resume"],
-        schedule: str = _DEFAULTS["schedule"],
-        adaptive: bool = _DEFAULTS["adaptive"],
-        verbose: bool = _DEFAULTS["verbose"],
-        total_steps: int | None = _DEFAULTS.get("total_steps"),
-        signals: tuple[str, ...] = _DEFAULTS["signals"],
-        on_preempt: str = _DEFAULTS["on_preempt"],
-        snapshot_mode: str = _DEFAULTS["snapshot_mode"],
-        persist_mode: str = _DEFAULTS["persist_mode"],
-        storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
-        mirror: str | None = _DEFAULTS["mirror"],
-        mirror_keep_last: int | None = _DEFAULTS["mirror_keep_last"],
-        mirror_max_failures: int = _DEFAULTS["mirror_max_failures"],
-        mirror_max_outage: float | str = _DEFAULTS["mirror_max_outage"],
-        mirror_preempt_wait: float | str = _DEFAULTS["mirror_preempt_wait"],
-        allow_pickle: bool = _DEFAULTS["allow_pickle"],
-        config: Config | None = None,
-        save_on_train_end: bool = True,
-        storage: Storage | None = None,
-    ) -> None:
-        super().__init__()
-        # The mirrored Config keywords, by name (the signature lists them for IDEs and LightningCLI).
-        values = {name: value for name, value in locals().items() if name in CONFIG_DEFAULTS}
-        self.config: Config = config_from_keywords(dirpath, config, values, self._explicit_keywords)
-        self.save_on_train_end = bool(save_on_train_end)
+    def _init_adapter(self) -> None:
+        """The callback's own state (after :class:`CallbackSettings` set ``config``)."""
         self.session: CheckpointSession | None = None
         self.inputs: InputReport | None = None
-        self._storage = storage
         self._copier: Copier | None = None
         self._backend = ""
         self._initial_epoch_to_put_back: tuple[Any] | None = None
@@ -304,16 +215,6 @@ class AutoCheckpoint(keras.callbacks.Callback):
         self._buffers_ready = False
         self._deferred: tuple[int, str, int] | None = None  # (step, reason, batch) due at an epoch's last batch
         self._exact: ExactResume | None = None  # created in on_train_begin
-
-    @classmethod
-    def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
-        """Build from a YAML/TOML file (``Config.from_file``); ``overrides`` win over the file.
-
-        Overrides that are not Config fields (``save_on_train_end``) go to the constructor.
-        """
-        config_overrides = {k: v for k, v in overrides.items() if k in _CONFIG_FIELDS}
-        extra = {k: v for k, v in overrides.items() if k not in _CONFIG_FIELDS}
-        return cls(config=Config.from_file(path, **config_overrides), **extra)
 
     # -- fit() hooks (training thread) --------------------------------------------------------
 
@@ -708,21 +609,11 @@ class AutoCheckpoint(keras.callbacks.Callback):
         )
         steps_per_epoch = self.params.get("steps") if self.params else None
         meta = manifest_meta(self._backend, point, batch=batch, steps_per_epoch=steps_per_epoch)
-        decision = session.last_decision
-        interval = decision.interval if decision is not None else None
         stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
-        return CheckpointEvent(
-            step=step,
-            epoch=epoch,
-            batch=batch,
-            next_epoch=point.epoch,
-            reason=reason,
-            interval_steps=interval.steps if interval is not None else None,
-            interval_rule=interval.rule if interval is not None else None,
-            stall_s=stall,
-            nbytes=snapshot.nbytes,
-            batches_done=point.batches_done,
-        )
+        return CheckpointEvent.after_save(
+            session, step, epoch, reason, stall, snapshot.nbytes,
+            batch=batch, next_epoch=point.epoch, batches_done=point.batches_done,
+        )  # fmt: skip
 
     def _global_step(self) -> int:
         # On JAX, Callback.model reattaches fit()'s whole state at every access: read it raw

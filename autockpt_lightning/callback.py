@@ -65,7 +65,7 @@ all ranks call ``dump_checkpoint`` together (as ``trainer.save_checkpoint`` requ
 only rank 0 copies and writes. The resume path is broadcast from rank 0. A signal that reaches
 any one rank stops every rank at the same step after one committed checkpoint; an error on
 any one rank (a persist error, a bad manifest, a failed allocation) is raised on every rank
-(:class:`~autockpt_lightning.distributed.RankFailedError` on the others, with its message).
+(:class:`~autockpt_core.policy.process_group.PeerFailedError` on the others, with its message).
 Sharded models (``ModelParallelStrategy``: FSDP2, tensor parallelism): every rank writes its own
 shards in the background through ``torch.distributed.checkpoint`` and rank 0 commits them as
 one directory (``sharded.py``); ``dirpath`` must then be a directory every rank writes.
@@ -80,11 +80,9 @@ import concurrent.futures
 import contextlib
 import logging
 import math
-import os
 import signal
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Mapping
 
 import lightning.pytorch as pl
@@ -94,15 +92,14 @@ from lightning.pytorch.callbacks import Callback
 from autockpt_core import (
     BufferPool,
     CheckpointSession,
-    Config,
     Decision,
     Preempted,
     PreemptionHandler,
     PreemptionRecord,
     Snapshot,
-    Storage,
 )
-from autockpt_core.config import CONFIG_DEFAULTS, config_from_keywords, records_explicit_keywords
+from autockpt_core.callback_settings import CallbackSettings
+from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.emergency import commit_emergency
 from autockpt_core.persist import storage_for
 from autockpt_core.persist.failures import unfinished_message
@@ -121,7 +118,6 @@ from .distributed import (
     raise_if_any_failed,
     warn_if_slurm_requeue,
 )
-from .events import CheckpointEvent
 from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
 
@@ -129,14 +125,11 @@ __all__ = ["AutoCheckpoint", "CheckpointEvent", "PreemptionRecord", "latest_chec
 
 log = logging.getLogger("autockpt")
 
-# Config's defaults, so the signature below shows (and jsonargparse sees) the real values
-# without restating them here.
-_DEFAULTS = CONFIG_DEFAULTS
 SHARDED_WAIT_ON_FAILURE_S = 60.0
 """After a failure, how long a rank waits for its sharded save in flight (see _finish_session)."""
 
 
-class AutoCheckpoint(Callback):
+class AutoCheckpoint(CallbackSettings, Callback):
     """Checkpoint automatically within an overhead budget, and resume automatically.
 
     Usage::
@@ -144,11 +137,10 @@ class AutoCheckpoint(Callback):
         trainer = Trainer(callbacks=[AutoCheckpoint("ckpts", overhead_budget="2%")])
         trainer.fit(model, datamodule)   # rerun the same script: it resumes
 
-    Every keyword mirrors a field of :class:`autockpt_core.Config` (see its docstring), so a
+    The keywords are :class:`~autockpt_core.callback_settings.CallbackSettings`' (the fields
+    of :class:`autockpt_core.Config`, ``config``, ``save_on_train_end``, ``storage``), so a
     LightningCLI YAML can say ``class_path: autockpt_lightning.AutoCheckpoint`` with
-    ``init_args``. Alternatively pass a built ``config``; then the keywords that differ from
-    their defaults override it. ``storage`` replaces the storage ``dirpath`` would select
-    (tests, custom backends).
+    ``init_args``; :meth:`from_config` reads a YAML or TOML file.
 
     Checkpoints are standard Lightning ``.ckpt`` files (``trainer.fit(ckpt_path=...)`` and
     ``LightningModule.load_from_checkpoint`` accept them) named ``ckpt-step<N>.ckpt`` in
@@ -167,48 +159,8 @@ class AutoCheckpoint(Callback):
         session: the :class:`CheckpointSession` (estimates, last decision, summary).
     """
 
-    _explicit_keywords: frozenset[str] = frozenset()  # set by records_explicit_keywords
-
-    @records_explicit_keywords
-    def __init__(
-        self,
-        dirpath: str | Path | None = None,
-        *,
-        overhead_budget: float | str = _DEFAULTS["overhead_budget"],
-        mtbf: float | str | None = _DEFAULTS["mtbf"],
-        every_n_steps: int | None = _DEFAULTS["every_n_steps"],
-        min_interval: float | str | None = _DEFAULTS["min_interval"],
-        max_interval: float | str | None = _DEFAULTS["max_interval"],
-        keep_last: int = _DEFAULTS["keep_last"],
-        warmup_steps: int = _DEFAULTS["warmup_steps"],
-        profile_window: int = _DEFAULTS["profile_window"],
-        async_persist: bool = _DEFAULTS["async_persist"],
-        resume: bool = _DEFAULTS["resume"],
-        schedule: str = _DEFAULTS["schedule"],
-        adaptive: bool = _DEFAULTS["adaptive"],
-        verbose: bool = _DEFAULTS["verbose"],
-        total_steps: int | None = _DEFAULTS.get("total_steps"),
-        signals: tuple[str, ...] = _DEFAULTS["signals"],
-        on_preempt: str = _DEFAULTS["on_preempt"],
-        snapshot_mode: str = _DEFAULTS["snapshot_mode"],
-        persist_mode: str = _DEFAULTS["persist_mode"],
-        storage_options: dict[str, Any] | None = _DEFAULTS["storage_options"],
-        mirror: str | None = _DEFAULTS["mirror"],
-        mirror_keep_last: int | None = _DEFAULTS["mirror_keep_last"],
-        mirror_max_failures: int = _DEFAULTS["mirror_max_failures"],
-        mirror_max_outage: float | str = _DEFAULTS["mirror_max_outage"],
-        mirror_preempt_wait: float | str = _DEFAULTS["mirror_preempt_wait"],
-        allow_pickle: bool = _DEFAULTS["allow_pickle"],
-        config: Config | None = None,
-        save_on_train_end: bool = True,
-        storage: Storage | None = None,
-    ) -> None:
-        super().__init__()
-        # The mirrored Config keywords, by name (the signature lists them for IDEs and LightningCLI).
-        values = {name: value for name, value in locals().items() if name in CONFIG_DEFAULTS}
-        self.config = config_from_keywords(dirpath, config, values, self._explicit_keywords)
-        self.save_on_train_end = bool(save_on_train_end)
-        self._storage = storage
+    def _init_adapter(self) -> None:
+        """The callback's own state (after :class:`CallbackSettings` set ``config``)."""
         self._session: CheckpointSession | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
         self._warmup = BufferWarmup()  # new per fit
@@ -240,11 +192,6 @@ class AutoCheckpoint(Callback):
         self._saved_step: int | None = None  # the step of the newest checkpoint (saved or resumed)
         self._last_loss: float | None = None
         self._step_clock = StepClock()  # this rank's step times, combined over ranks in the agreement
-
-    @classmethod
-    def from_config(cls, path: str | os.PathLike[str], **overrides: Any) -> "AutoCheckpoint":
-        """Build from a YAML or TOML file (see :meth:`Config.from_file`); ``overrides`` win."""
-        return cls(config=Config.from_file(path, **overrides))
 
     @property
     def session(self) -> CheckpointSession | None:
@@ -573,18 +520,7 @@ class AutoCheckpoint(Callback):
     def _record_event(
         self, trainer: pl.Trainer, session: CheckpointSession, step: int, reason: str, stall: float, nbytes: int
     ) -> None:
-        interval = session.last_decision.interval if session.last_decision is not None else None
-        self.events.append(
-            CheckpointEvent(
-                step=step,
-                epoch=trainer.current_epoch,
-                reason=reason,
-                interval_steps=interval.steps if interval is not None else None,
-                interval_rule=interval.rule if interval is not None else None,
-                stall_s=stall,
-                nbytes=nbytes,
-            )
-        )
+        self.events.append(CheckpointEvent.after_save(session, step, trainer.current_epoch, reason, stall, nbytes))
         self._log_metrics(trainer, session)
 
     def _log_metrics(self, trainer: pl.Trainer, session: CheckpointSession) -> None:

@@ -32,13 +32,15 @@ __all__ = [
     "AGREED",
     "Agreement",
     "LightningRanks",
+    "PeerFailedError",
     "RankFailedError",
     "check_strategy",
     "raise_if_any_failed",
 ]
 
-class RankFailedError(PeerFailedError):
-    """Raised on every rank of a distributed fit when another rank failed (its message inside)."""
+RankFailedError = PeerFailedError
+"""The error every other rank raises when one rank failed: the core's, shared with Keras (the
+name this module exported before)."""
 
 
 def check_strategy(trainer: pl.Trainer) -> None:
@@ -79,7 +81,6 @@ class LightningRanks(ProcessGroup):
     maximum is one ``torch.distributed`` all-reduce, its message the strategy's broadcast."""
 
     member = "rank"
-    peer_error = RankFailedError
 
     def __init__(self, trainer: pl.Trainer) -> None:
         self.trainer = trainer
@@ -102,7 +103,7 @@ class LightningRanks(ProcessGroup):
 def raise_if_any_failed(trainer: pl.Trainer, error: BaseException | None) -> None:
     """Collective: when any rank has an ``error``, every rank raises (world size 1: re-raise it).
 
-    The failing rank re-raises its own exception; the others raise a :class:`RankFailedError`
+    The failing rank re-raises its own exception; the others raise a :class:`PeerFailedError`
     with the same message, so no rank is left waiting in a collective for one that stopped.
     """
     LightningRanks(trainer).raise_if_any_failed(error)

@@ -1,22 +1,6 @@
-"""What the Lightning callback reports about the checkpoints it took (``AutoCheckpoint.events``)."""
+"""What the Lightning callback reports about the checkpoints it took (``AutoCheckpoint.events``):
+:class:`autockpt_core.checkpoint_event.CheckpointEvent`, shared with the Keras callback."""
 
-from __future__ import annotations
+from autockpt_core.checkpoint_event import CheckpointEvent
 
-import dataclasses
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointEvent:
-    """One checkpoint this callback took: what the policy said and what it cost.
-
-    ``stall_s`` is the time ``session.save`` blocked the training thread (dump_checkpoint and
-    the copy, plus any wait for the previous persist); ``nbytes`` is the tensor payload copied.
-    """
-
-    step: int
-    epoch: int
-    reason: str
-    interval_steps: int | None
-    interval_rule: str | None
-    stall_s: float
-    nbytes: int
+__all__ = ["CheckpointEvent"]

@@ -66,7 +66,7 @@ def test_an_error_on_rank_0_only_stops_every_rank_with_its_message(
     report = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode != 0 and sorted(results) == [0, 1], report
     assert all(text in results[0] for text in rank0), results
-    assert "RankFailedError: autockpt: rank 0 stopped training" in results[1], results
+    assert "PeerFailedError: autockpt: rank 0 stopped training" in results[1], results
     assert rank1 in results[1], results
     if manifest_steps is not None:
         assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == manifest_steps

@@ -1,0 +1,96 @@
+"""The keywords both adapters' ``AutoCheckpoint`` take, written once.
+
+:class:`CallbackSettings` is the first base of ``autockpt_lightning.AutoCheckpoint`` and
+``autockpt_keras.AutoCheckpoint``: its ``__init__`` declares every keyword (so IDEs and
+LightningCLI see one explicit signature), validates them into ``self.config`` (a bad value is
+a ``ConfigError`` naming the field, at construction), keeps ``save_on_train_end`` and
+``storage``, calls the framework's own callback ``__init__`` and then the adapter's
+:meth:`~CallbackSettings._init_adapter`. :meth:`~CallbackSettings.from_config` builds one from
+a YAML or TOML file. Call order: construction only, on the thread that builds the callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .config import CONFIG_DEFAULTS, Config, config_from_keywords, records_explicit_keywords
+from .persist.storage import Storage
+
+_D = CONFIG_DEFAULTS
+CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
+
+_Settings = TypeVar("_Settings", bound="CallbackSettings")
+
+
+class CallbackSettings:
+    """What every ``AutoCheckpoint`` is configured with.
+
+    Every keyword but the last three is a field of :class:`~autockpt_core.Config`, with the
+    same default and meaning (documented there, once). Alternatively pass a built ``config``;
+    then the keywords given explicitly (and ``dirpath``) override it.
+
+    ``save_on_train_end`` (default True): take a final checkpoint when ``fit()`` returns
+    normally and the state advanced since the newest one (skipped, with a warning, after a
+    non-finite loss). ``storage`` replaces the storage ``dirpath`` would select (tests, custom
+    backends).
+    """
+
+    _explicit_keywords: frozenset[str] = frozenset()  # set by records_explicit_keywords
+
+    @records_explicit_keywords
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        *,
+        overhead_budget: float | str = _D["overhead_budget"],
+        mtbf: float | str | None = _D["mtbf"],
+        every_n_steps: int | None = _D["every_n_steps"],
+        min_interval: float | str | None = _D["min_interval"],
+        max_interval: float | str | None = _D["max_interval"],
+        keep_last: int = _D["keep_last"],
+        warmup_steps: int = _D["warmup_steps"],
+        profile_window: int = _D["profile_window"],
+        async_persist: bool = _D["async_persist"],
+        resume: bool = _D["resume"],
+        schedule: str = _D["schedule"],
+        adaptive: bool = _D["adaptive"],
+        verbose: bool = _D["verbose"],
+        total_steps: int | None = _D.get("total_steps"),
+        signals: tuple[str, ...] = _D["signals"],
+        on_preempt: str = _D["on_preempt"],
+        snapshot_mode: str = _D["snapshot_mode"],
+        persist_mode: str = _D["persist_mode"],
+        storage_options: dict[str, Any] | None = _D["storage_options"],
+        mirror: str | None = _D["mirror"],
+        mirror_keep_last: int | None = _D["mirror_keep_last"],
+        mirror_max_failures: int = _D["mirror_max_failures"],
+        mirror_max_outage: float | str = _D["mirror_max_outage"],
+        mirror_preempt_wait: float | str = _D["mirror_preempt_wait"],
+        allow_pickle: bool = _D["allow_pickle"],
+        config: Config | None = None,
+        save_on_train_end: bool = True,
+        storage: Storage | None = None,
+    ) -> None:
+        values = {name: value for name, value in locals().items() if name in CONFIG_DEFAULTS}
+        self.config: Config = config_from_keywords(dirpath, config, values, self._explicit_keywords)
+        self.save_on_train_end = bool(save_on_train_end)
+        self._storage = storage
+        super().__init__()  # the framework's Callback
+        self._init_adapter()
+
+    def _init_adapter(self) -> None:
+        """The adapter's own state, set up right after the settings (no arguments)."""
+
+    @classmethod
+    def from_config(cls: type[_Settings], path: str | os.PathLike[str] | Path, **overrides: Any) -> _Settings:
+        """Build from a YAML or TOML file (:meth:`Config.from_file`); ``overrides`` win over it.
+
+        Overrides that are not Config fields (``save_on_train_end``, ``storage``) go to the
+        constructor.
+        """
+        config_overrides = {k: v for k, v in overrides.items() if k in CONFIG_FIELDS}
+        extra = {k: v for k, v in overrides.items() if k not in CONFIG_FIELDS}
+        return cls(config=Config.from_file(path, **config_overrides), **extra)
