@@ -40,6 +40,7 @@ from .persist import (
     verify,
     write_tensor_file,
 )
+from .persist.names import checkpoint_name
 from .policy import CheckpointPolicy, Decision, Estimates, IntervalChoice, Profiler, choose_interval
 from .policy.intervals import (
     budget_interval_steps,
@@ -49,7 +50,7 @@ from .policy.intervals import (
     young_interval,
 )
 from .preemption import Preempted, PreemptionHandler, PreemptionRecord
-from .session import CheckpointSession, PendingCopy, Snapshot, checkpoint_name
+from .session import CheckpointSession, PendingCopy, Snapshot
 from .summary import RunSummary
 from .units import parse_duration, parse_fraction, parse_size
 

@@ -1,4 +1,5 @@
-"""The engine both adapters drive: profiler + policy + buffers + writer + storage.
+"""The engine both adapters drive: profiler + policy, over a store (storage, mirror, persist
+process, writer, locks: :mod:`.checkpoint_store`) and a ledger of costs (:mod:`.run_ledger`).
 
 Adapters only translate framework hooks into these calls (training thread, in this order):
 
@@ -33,20 +34,14 @@ Adapters only translate framework hooks into these calls (training thread, in th
    wait counts as stall. The writer thread waits for the copy before it serializes.
 5. ``finish()`` at the end: waits for the last persist, releases the host buffers and the
    directory lock (also when it raises) and returns the :class:`RunSummary`. ``close()``
-   does the same without the summary (idempotent: for failure paths). A session that is garbage-collected unreleased
-   releases its lock then; a process that dies releases it at once.
+   does the same without the summary (idempotent: for failure paths). A session that is
+   garbage-collected unreleased releases its lock then; a process that dies releases it at once.
 
-Preemption (``autockpt_core.preemption``, ``autockpt_core.emergency``): at the step boundary
-after a signal, ``save(...)`` (unless ``saved_step`` already is this step), then
-``commit_emergency``, which returns once that checkpoint is committed (durable and listed in
-the manifest) and, with a mirror, uploaded there or given up on after
-``config.mirror_preempt_wait``; then exit or continue.
+Preemption: at the step boundary after a signal, ``save(...)`` (unless ``saved_step``
+already is this step), then :func:`autockpt_core.emergency.commit_emergency`.
 
-Mirror (``config.mirror``, :class:`~autockpt_core.persist.mirror.Mirror`): every checkpoint
-the writer commits is handed to the mirror thread, which uploads the newest one at a time and
-retries failed uploads; only ``config.mirror_max_failures`` failures in a row (or
-``config.mirror_max_outage`` without a successful upload) surface, as ``MirrorWriteError``,
-like the writer's errors; ``finish()`` waits for the last upload.
+Mirror (``config.mirror``): every committed checkpoint goes to the mirror thread
+(:mod:`autockpt_core.persist.mirror`); its lasting failures surface as ``MirrorWriteError``.
 
 Background errors surface as :class:`CheckpointWriteError` from ``step_end``, ``save`` or
 ``finish``. The clock is injected (``clock``), so the whole engine runs in tests without a
@@ -55,92 +50,32 @@ framework or real time.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
-import uuid
-import warnings
-import weakref
 from pathlib import Path
-from typing import IO, Any, Callable, Protocol
+from typing import Any, Callable
 
+from .checkpoint_store import Check, CheckpointStore
 from .config import Config
-from .persist import (
-    BufferPool,
-    CheckpointRecord,
-    CheckpointWriter,
-    PersistJob,
-    Storage,
-    find_latest_valid,
-    read_manifest,
-)
-from .persist.directory import open_directory
-from .persist.file_set import FileSetWrite, new_staging_directory
-from .persist.manifest import warn_skipped
+from .persist import BufferPool, CheckpointRecord, CheckpointWriter, PersistJob, Storage
 from .persist.mirror import Mirror
-from .persist.names import checkpoint_name
-from .persist.persist_mode import choose_persist_mode, process_can_write
-from .persist.persist_process import PersistProcess, PortableWrite
-from .persist.shared_memory import SharedArena, shared_memory_supported
-from .persist.storage import configured_storage
-from .persist.tiers import committed_before, hydrate, newest_of_tiers
+from .persist.persist_mode import PersistModeChoice
+from .persist.shared_memory import SharedArena
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
 from .policy.checkpoint_cost import CheckpointCost, CostMeter
 from .policy.rank_timing import RankTimes
+from .run_ledger import RunLedger
+from .snapshot import PendingCopy, Snapshot, SnapshotFn
 from .summary import RunSummary
 
-log = logging.getLogger("autockpt")
-
-
-class PendingCopy(Protocol):
-    """A snapshot copy still running after ``snapshot()`` returned (overlapping the next step).
-
-    ``before_update()`` is called on the training thread right before the next optimizer step
-    and orders that step after the copy (a host wait, or on CUDA a stream waiting on an
-    event). ``wait()`` is called on the writer thread before serializing and blocks it until
-    the copied bytes are in the host buffers. Both may be called more than once.
-    """
-
-    def before_update(self) -> None: ...
-
-    def wait(self) -> None: ...
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """The result of phase 1: a consistent copy of the state, ready to be serialized.
-
-    ``write(file)`` must only read the snapshot buffers (it runs in the writer thread while
-    training continues). ``nbytes`` is the tensor payload size. ``pending``: the part of the
-    copy still in flight, if any (see :class:`PendingCopy`); ``mode`` names how the copy
-    was made (for the summary, e.g. "sync", "overlap", "device"). ``portable``: the same
-    write for the persist process (``Config.persist_mode``); without it the snapshot is
-    written by the writer thread. ``file_set``: the checkpoint is a directory of files (a
-    sharded model: every rank writes its own, see :meth:`CheckpointSession.staging_directory`);
-    ``write`` is then not called.
-    """
-
-    write: Callable[[IO[bytes]], object]
-    nbytes: int
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-    pending: PendingCopy | None = None
-    mode: str | None = None
-    portable: PortableWrite | None = None
-    file_set: FileSetWrite | None = None
-
-
-SnapshotFn = Callable[[BufferPool[Any]], Snapshot]
+__all__ = ["CheckpointSession", "PendingCopy", "Snapshot", "SnapshotFn"]
 
 
 class CheckpointSession:
     """See the module docstring for the call order and threading.
 
-    Persist mode (``config.persist_mode``, chosen here and logged): in "process" mode the
-    session owns a :class:`SharedArena`, builds its buffers with ``shared_buffers(arena)``
-    (the adapter's pool over shared memory) and starts a persist process at ``open()`` that
-    imports ``persist_modules`` ahead of the first checkpoint. ``gpu``: the adapter would pin
-    its buffers (then "auto" keeps the writer thread).
+    ``shared_buffers(arena)``, ``persist_modules``, ``gpu``: the persist process's inputs
+    (:class:`~autockpt_core.checkpoint_store.CheckpointStore`; ``config.persist_mode``).
 
     ``on_checkpoint_cost`` (training thread) receives each checkpoint's measured
     :class:`CheckpointCost` once its copy and persist are done (``snapshot_mode="auto"``
@@ -165,132 +100,92 @@ class CheckpointSession:
         self.config = config
         self.framework = framework
         self.suffix = suffix
-        self.storage = storage if storage is not None else configured_storage(config.dirpath, config.storage_options)
-        self.mirror: Mirror | None = None
-        """The second tier (``config.mirror``) committed checkpoints are copied to, if any."""
-        if config.mirror is not None:
-            keep = config.mirror_keep_last if config.mirror_keep_last is not None else config.keep_last
-            target = configured_storage(config.mirror, config.storage_options)
-            self.mirror = Mirror(
-                self.storage, target, keep, clock=clock,
-                max_failures=config.mirror_max_failures, max_outage=config.mirror_max_outage,
-            )  # fmt: skip
-        self.persist_mode = choose_persist_mode(
-            config.persist_mode,
-            async_persist=config.async_persist,
-            local=process_can_write(self.storage),
-            supported=shared_memory_supported(),
-            shareable=shared_buffers is not None,
-            gpu=gpu,
-        )
-        log.info("autockpt: persist in a %s (%s)", self.persist_mode.mode, self.persist_mode.reason)
-        self._arena: SharedArena | None = None
-        self._process: PersistProcess | None = None
-        if self.persist_mode.mode == "process" and shared_buffers is not None:
-            self._arena = SharedArena()
-            buffers = shared_buffers(self._arena)
-            self._process = PersistProcess(self._arena, persist_modules)
-            # A session dropped without close(): end the child, close the segments' descriptors.
-            weakref.finalize(self, _release_shared, self._process, self._arena)
-        self.buffers: BufferPool[Any] = buffers if buffers is not None else BufferPool()
         self.clock = clock
         self.profiler = Profiler(config.warmup_steps, config.profile_window)
+        self.store = CheckpointStore(
+            config, framework=framework, suffix=suffix, buffers=buffers, storage=storage, clock=clock,
+            shared_buffers=shared_buffers, persist_modules=persist_modules, gpu=gpu,
+            on_persisted=self._on_persisted,
+        )  # fmt: skip
         # Explicit adjusters replace the ones the config asks for (adaptive, front_loaded).
         adjusters = interval_adjuster if interval_adjuster is not None else adjusters_from_config(config)
         self.policy = CheckpointPolicy(config, adjusters)
-        self.writer = CheckpointWriter(
-            self.storage,
-            config.keep_last,
-            run_async=config.async_persist,
-            on_persisted=self._on_persisted,
-            clock=clock,
-            process=self._process,
-            protect=self.mirror.protected if self.mirror is not None else None,
-        )
+        self.ledger = RunLedger(clock)
         self.last_decision: Decision | None = None
-        self._start_time: float | None = None
         self._last_step_time: float | None = None
         self._stall_since_last_step = 0.0
         self._loaded_since_last_step = False
-        self._total_stall = 0.0
-        self._checkpoints = 0
-        self._newest_step: int | None = None
-        self._newest_name: str | None = None
-        self._start_step = 0
         self._last_loss: float | None = None
         self._pending: PendingCopy | None = None
         self._pending_stall: tuple[float, int] | None = None  # (stall so far, nbytes)
-        self._copy_mode: str | None = None
         self._cost = CostMeter()
         self._on_cost = on_checkpoint_cost
-        self.run: str | None = uuid.uuid4().hex
+
+    # -- the store's parts, as adapters and tests know them -----------------------------------
+
+    @property
+    def storage(self) -> Storage:
+        return self.store.storage
+
+    @property
+    def mirror(self) -> Mirror | None:
+        """The second tier (``config.mirror``) committed checkpoints are copied to, if any."""
+        return self.store.mirror
+
+    @property
+    def writer(self) -> CheckpointWriter:
+        return self.store.writer
+
+    @property
+    def buffers(self) -> BufferPool[Any]:
+        return self.store.buffers
+
+    @property
+    def persist_mode(self) -> PersistModeChoice:
+        return self.store.persist_mode
+
+    @property
+    def run(self) -> str | None:
         """The run this session's records belong to: new, or the resumed checkpoint's."""
-        self._opened = False
-        self._released_bytes = 0  # the host buffers' size when close() released them (for the summary)
-        self._release_lock: weakref.finalize | None = None
-        self.copied_from_mirror = False
+        return self.store.run
+
+    @run.setter
+    def run(self, value: str | None) -> None:
+        self.store.run = value
+
+    @property
+    def copied_from_mirror(self) -> bool:
         """``resume_record()`` found its checkpoint in the mirror only and copied it into ``dirpath``."""
+        return self.store.copied_from_mirror
+
+    @property
+    def process_writes(self) -> int:
+        """Checkpoint files the persist process wrote in this session (0 without one)."""
+        return self.store.process_writes
 
     # -- opening and closing ----------------------------------------------------------------
 
     def open(self) -> None:
-        """Lock ``dirpath``, probe it with a real write, clean up after interrupted writes.
-
-        Idempotent; called by ``resume_record()``, ``start()`` and ``save()``. Raises
-        ``ConfigError`` (field ``dirpath``) when it cannot be written, ``DirectoryLockedError``
-        when another session holds it. Leftovers are removed only with ``config.resume`` and
-        only under the lock, so never a live writer's; remote (fsspec) storage has no lock and
-        no cleanup. See :mod:`autockpt_core.persist.directory`.
-        """
-        if self._opened:
-            return
-        mirror = self.mirror.target if self.mirror is not None else None
-        session = weakref.ref(self)  # the claim's heartbeat must not keep the session alive
-        held = open_directory(
-            self.storage, self.framework, self.suffix, resume=self.config.resume, mirror=mirror,
-            mirror_run=lambda: getattr(session(), "run", None),
-            mirror_lost=self.mirror.stop if self.mirror is not None else lambda message: None,
-        )  # fmt: skip
-        self._opened = True
-        if self._process is not None:
-            self._process.start()
-        self._release_lock = weakref.finalize(self, held.release)
+        """:meth:`CheckpointStore.open` (idempotent; ``resume_record()``, ``start()`` and
+        ``save()`` call it): ``ConfigError`` or ``DirectoryLockedError`` surface here."""
+        self.store.open()
 
     def close(self) -> None:
-        """Wait for the in-flight persist, then release the directory lock; re-raise the
-        persist's error, if any (the lock is released regardless). Idempotent.
+        """Wait for the copy in flight and the persist, then release the buffers and the locks;
+        re-raise the persist's error, if any (released regardless). Idempotent.
 
         ``finish()`` calls it. Adapters call it on failure paths that skip ``finish()``.
         """
         try:
             self.before_update()
         finally:
-            try:
-                try:
-                    self.writer.close()
-                finally:
-                    if self.mirror is not None:
-                        self.mirror.close()  # the last checkpoint reaches the mirror before the run ends
-                        self.writer.retain_again()  # what was kept for the mirror's sake may go now
-            finally:
-                self._released_bytes = self.buffers.release_all() or self._released_bytes  # a prefault ends first
-                if self._process is not None:
-                    self._process.close()  # a later save() starts it again
-                if self._release_lock is not None:
-                    self._release_lock()  # lock.release(), once
-                self._release_lock, self._opened = None, False
+            self.store.close()
 
     def wait_for_persist_process(self, timeout: float = 60.0) -> bool:
         """Block until the persist process is ready (benchmarks and tests; training thread,
         no persist in flight). Until it is, checkpoints are written by the writer thread.
         True at once without a persist process."""
-        self.open()
-        return self._process is None or self._process.wait_ready(timeout)
-
-    @property
-    def process_writes(self) -> int:
-        """Checkpoint files the persist process wrote in this session (0 without one)."""
-        return self._process.writes if self._process is not None else 0
+        return self.store.wait_for_persist_process(timeout)
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -298,7 +193,7 @@ class CheckpointSession:
         self,
         accept: Callable[[CheckpointRecord], bool] | None = None,
         before: CheckpointRecord | None = None,
-        check: Callable[[CheckpointRecord], str | None] | None = None,
+        check: Check | None = None,
     ) -> CheckpointRecord | None:
         """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``.
 
@@ -309,59 +204,7 @@ class CheckpointSession:
         mirror, the newest of either tier; one only the mirror has is copied into ``dirpath``
         first (``autockpt_core.persist.tiers``), so the record is always ``dirpath``'s.
         """
-        self.open()
-        if not self.config.resume:
-            return None
-        if self.mirror is None:
-            if before is not None:
-                accept = committed_before(before, accept)
-            record = find_latest_valid(self.storage, framework=self.framework, accept=accept, check=check)
-        else:
-            try:
-                mirrored = read_manifest(self.mirror.target)
-            except Exception as exc:  # noqa: BLE001 - any backend's error: resume from dirpath, say so
-                message = (
-                    f"autockpt: the mirror {self.mirror.location} cannot be read ({type(exc).__name__}: {exc}); "
-                    f"resuming from the newest checkpoint in {self.storage.location}"
-                )
-                log.warning(message)
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
-                if before is not None:
-                    accept = committed_before(before, accept)
-                record = find_latest_valid(self.storage, framework=self.framework, accept=accept, check=check)
-            else:
-                record, _ = self._newest_of_tiers(accept, before, mirrored, check)
-                self.mirror.learn_twins(read_manifest(self.storage), mirrored)
-        if record is not None:
-            self.run = record.run
-        return record
-
-    def _newest_of_tiers(
-        self,
-        accept: Callable[[CheckpointRecord], bool] | None,
-        before: CheckpointRecord | None,
-        mirrored: list[CheckpointRecord],
-        check: Callable[[CheckpointRecord], str | None] | None = None,
-    ) -> tuple[CheckpointRecord | None, Storage | None]:
-        """:func:`newest_of_tiers` over the mirror's records ``mirrored``; a mirror checkpoint
-        that wins is copied into ``dirpath`` (checked on the way; a corrupt or missing one is
-        skipped with a warning for the next)."""
-        assert self.mirror is not None
-        skip: set[str] = set()
-        while True:
-            record, tier = newest_of_tiers(
-                self.storage, self.mirror.target, self.framework, accept, before, skip, mirrored, check
-            )
-            if record is None or tier is not self.mirror.target:
-                return record, tier
-            try:
-                local = hydrate(self.mirror.target, self.storage, record)
-            except (ValueError, FileNotFoundError) as exc:  # the mirror's file is corrupt or gone
-                warn_skipped(record, self.mirror.location, exc, stacklevel=3)
-                skip.add(record.name)
-                continue
-            self.copied_from_mirror = True
-            return local, self.storage
+        return self.store.resume_record(accept, before, check)
 
     def staging_directory(self) -> Path:
         """An empty staging directory in ``dirpath`` for the next multi-file checkpoint (a
@@ -372,16 +215,15 @@ class CheckpointSession:
         no rank starts writing for a checkpoint that then fails to be taken. Local ``dirpath``
         only (``ValueError`` otherwise; adapters refuse such a setup at train start).
         """
-        self.open()
-        self.writer.wait()
-        return new_staging_directory(self.storage)
+        return self.store.staging_directory()
 
     def path_of(self, record: CheckpointRecord) -> str:
         """Local path of a record's file (raises for remote storage)."""
-        path = self.storage.local_path(record.name)
-        if path is None:
-            raise ValueError(f"{self.storage.location} is not a local directory")
-        return path
+        return self.store.path_of(record)
+
+    def records(self) -> list[CheckpointRecord]:
+        """The manifest's records, oldest first."""
+        return self.store.records()
 
     # -- training loop ----------------------------------------------------------------------
 
@@ -389,34 +231,32 @@ class CheckpointSession:
         """Training starts (or resumes) at global step ``step``. Opens the session first."""
         self.open()
         now = self.clock()
-        self._start_time = now
+        self.ledger.started(now)
         self._last_step_time = now
-        self._start_step = step
         self.policy.start(now, step)
 
     def step_end(self, step: int, loss: float | None = None) -> Decision:
         """Record one finished optimizer step and decide whether to checkpoint now."""
-        self.writer.raise_if_failed()
-        if self.mirror is not None:
-            self.mirror.raise_if_failed()
+        self.store.raise_if_failed()
         now = self.clock()
-        if self._start_time is None:  # the adapter did not call start(): begin here
+        writer = self.store.writer
+        if self.ledger.start_time is None:  # the adapter did not call start(): begin here
             self.start(step)
         elif self._last_step_time is not None:
             duration = now - self._last_step_time - self._stall_since_last_step
-            loaded = self._loaded_since_last_step or self.writer.busy
+            loaded = self._loaded_since_last_step or writer.busy
             self.profiler.record_iteration(duration, loaded=loaded)
             if self._cost.measuring:
                 self._cost.add_step(duration)
-                if not self.writer.busy and self._pending is None:
+                if not writer.busy and self._pending is None:
                     self._report_cost()
         self._last_step_time = now
         self._stall_since_last_step = 0.0
-        self._loaded_since_last_step = self.writer.busy
+        self._loaded_since_last_step = writer.busy
         if loss is not None:
             self._last_loss = float(loss)
         step_loss = self._last_loss if loss is not None else None  # the policy sees this step's loss only
-        decision = self.policy.decide(step, now, self.profiler.estimates(), self.writer.busy, loss=step_loss)
+        decision = self.policy.decide(step, now, self.profiler.estimates(), writer.busy, loss=step_loss)
         self.last_decision = decision
         return decision
 
@@ -431,7 +271,7 @@ class CheckpointSession:
         """
         self.profiler.revise_last_iteration(slowest.step_s)
         if slowest.blocked_s > 0:
-            self._total_stall += self.profiler.revise_last_stall(slowest.blocked_s)
+            self.ledger.stalled(self.profiler.revise_last_stall(slowest.blocked_s))
 
     def save(
         self,
@@ -449,56 +289,52 @@ class CheckpointSession:
         self.open()
         self.before_update()  # a copy still overlapping must end before its buffers are reused
         start = self.clock()
-        self.writer.wait()
+        store = self.store
+        store.writer.wait()
         self._report_cost()  # the previous checkpoint's persist is done: its cost is complete
-        self.buffers.begin_round()
-        snap = snapshot(self.buffers)
-        self.buffers.end_round()
+        store.buffers.begin_round()
+        snap = snapshot(store.buffers)
+        store.buffers.end_round()
         all_meta = {**(meta or {}), **snap.meta}
         if reason:
             all_meta.setdefault("reason", reason)
         job = PersistJob(
-            name=self._free_name(step),
+            name=store.free_name(step),
             step=step,
             epoch=epoch,
             framework=self.framework,
             write=snap.write,
             meta=all_meta,
-            run=self.run,
+            run=store.run,
             ready=snap.pending.wait if snap.pending is not None else None,
             portable=snap.portable,
             file_set=snap.file_set,
         )
-        self.writer.submit(job)
+        store.writer.submit(job)
         stall = self.clock() - start
         if snap.pending is None:
             self.profiler.record_stall(stall, snap.nbytes)
         else:  # recorded by before_update(), with the wait for the copy added
             self._pending, self._pending_stall = snap.pending, (stall, snap.nbytes)
-        self._copy_mode = snap.mode or self._copy_mode
         if self._on_cost is not None:
             est = self.profiler.estimates()  # the steps around it are compared with the latest clean ones
             self._cost.begin(snap.mode, stall, snap.nbytes, est.iter_time_s, est.recent_iter_time_s, est.iter_sd_s)
         self.policy.record_checkpoint(step, self.clock())
         self._stall_since_last_step += stall
         self._loaded_since_last_step = True
-        self._total_stall += stall
-        self._checkpoints += 1
-        self._newest_step = step
-        self._newest_name = job.name
+        self.ledger.stalled(stall)
+        self.ledger.taken(step, job.name, snap.mode)
         return stall
 
     @property
     def saved_step(self) -> int | None:
         """The step of the newest checkpoint handed to the writer in this session (persisted or not)."""
-        return self._newest_step
+        return self.ledger.newest_step
 
     def flush(self) -> None:
         """Block until the in-flight persist is committed, and with a mirror until it is
         uploaded there too; re-raise their errors (training thread)."""
-        self.writer.wait()
-        if self.mirror is not None:
-            self.mirror.wait()
+        self.store.flush()
 
     def before_update(self) -> float:
         """Call right before each optimizer step: waits for a snapshot copy still in flight.
@@ -520,8 +356,11 @@ class CheckpointSession:
             self.profiler.record_stall(stall + waited, nbytes)
             self._cost.add_wait(waited)
             self._stall_since_last_step += waited
-            self._total_stall += waited
+            self.ledger.stalled(waited)
         return waited
+
+    def _on_persisted(self, seconds: float) -> None:  # the writer thread, after each commit
+        self.profiler.record_persist(seconds)
 
     def _report_cost(self) -> None:
         """Hand the measured cost of the checkpoint being measured to ``on_checkpoint_cost``."""
@@ -529,21 +368,8 @@ class CheckpointSession:
         if cost is not None and self._on_cost is not None:
             self._on_cost(cost)
 
-    def _free_name(self, step: int) -> str:
-        """The checkpoint name for ``step`` that no existing file has."""
-        version = 1
-        while self.storage.exists(name := checkpoint_name(step, self.suffix, version)):
-            version += 1
-        return name
-
-    def _on_persisted(self, record: CheckpointRecord, seconds: float) -> None:
-        self.profiler.record_persist(seconds)
-        if self.mirror is not None:
-            self.mirror.submit(record)
-
     def finish(self) -> RunSummary:
-        """Wait for the last persist, release the directory lock (also when raising), re-raise
-        the persist's error if any, and summarise the run."""
+        """:meth:`close`, then summarise the run."""
         self.close()
         return self.summary()
 
@@ -554,60 +380,20 @@ class CheckpointSession:
 
     def measured_overhead(self) -> float | None:
         """Fraction of wall time since ``start`` the training thread spent blocked by checkpoints."""
-        if self._start_time is None:
-            return None
-        elapsed = self.clock() - self._start_time
-        return self._total_stall / elapsed if elapsed > 0 else None
+        return self.ledger.overhead()
 
     def metrics(self) -> dict[str, float]:
         """Numbers for the framework's logger: interval, stall, overhead, checkpoint count."""
-        est = self.profiler.estimates()
-        out: dict[str, float] = {"autockpt/checkpoints": float(self._checkpoints)}
-        interval = self.policy.current
-        if interval is not None:
-            out["autockpt/interval_steps"] = float(interval.steps)
-        if est.stall_s is not None:
-            out["autockpt/stall_ms"] = est.stall_s * 1e3
-        overhead = self.measured_overhead()
-        if overhead is not None:
-            out["autockpt/overhead_pct"] = overhead * 100.0
-        if self.buffers.peak_bytes:
-            out["autockpt/buffer_bytes"] = float(self.buffers.total_bytes or self._released_bytes)
-            out["autockpt/buffer_peak_bytes"] = float(self.buffers.peak_bytes)
-        return out
+        store = self.store
+        return self.ledger.metrics(self.profiler.estimates(), self.policy.current, store.buffers, store.released_bytes)
 
     def summary(self) -> RunSummary:
-        est = self.profiler.estimates()
-        interval = self.policy.current
-        return RunSummary(
-            framework=self.framework,
-            checkpoints=self._checkpoints,
-            mean_stall_s=(self._total_stall / self._checkpoints) if self._checkpoints else None,
-            checkpoint_bytes=est.checkpoint_bytes,
-            overhead=self.measured_overhead(),
-            budget=self.config.overhead_budget,
-            interval_steps=interval.steps if interval is not None else None,
-            interval_rule=interval.rule if interval is not None else None,
-            newest_step=self._newest_step,
-            newest_path=(self.storage.local_path(self._newest_name) or self._newest_name)
-            if self._newest_name
-            else None,
-            persist_s=est.persist_s,
-            deferred=self.policy.deferred,
-            buffer_bytes=self.buffers.total_bytes or self._released_bytes,
-            buffer_peak_bytes=self.buffers.peak_bytes,
-            copy_mode=self._copy_mode,
-            mirror=self.mirror.location if self.mirror is not None else None,
-            mirrored=self.mirror.mirrored if self.mirror is not None else 0,
-        )
-
-    def records(self) -> list[CheckpointRecord]:
-        """The manifest's records, oldest first."""
-        return read_manifest(self.storage)
-
-
-def _release_shared(process: PersistProcess, arena: SharedArena) -> None:
-    try:
-        process.close()
-    finally:
-        arena.close()
+        store, name = self.store, self.ledger.newest_name
+        mirror = store.mirror
+        return self.ledger.summary(
+            self.framework, self.config, self.profiler.estimates(), self.policy.current, self.policy.deferred,
+            store.buffers, store.released_bytes,
+            newest_path=(store.storage.local_path(name) or name) if name else None,
+            mirror=mirror.location if mirror is not None else None,
+            mirrored=mirror.mirrored if mirror is not None else 0,
+        )  # fmt: skip

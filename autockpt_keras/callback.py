@@ -503,7 +503,7 @@ class AutoCheckpoint(CallbackSettings, keras.callbacks.Callback):
         """In the signal handler: whether the ``fit()`` this callback serves is on the stack."""
         fit_frame = self._fit_frame
         if fit_frame is None or is_on_stack(fit_frame, frame):
-            return True  # (not found at on_train_begin: assume it runs, the old behaviour)
+            return True  # its frame was not found at on_train_begin: it is taken to be running
         self._fit_frame = None
         return False
 

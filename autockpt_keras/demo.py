@@ -1,7 +1,5 @@
-"""``python -m autockpt_keras.demo``: kept for scripts that used this entry point.
-
-The demo lives with the other tools, in :mod:`autockpt_core.cli.workers.keras_demo`
-(``autockpt demo`` runs it).
+"""``python -m autockpt_keras.demo``: the Keras demo (``autockpt demo`` runs it too), whose
+code is :mod:`autockpt_core.cli.workers.keras_demo`.
 """
 
 from __future__ import annotations

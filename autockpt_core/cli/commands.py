@@ -27,7 +27,7 @@ from . import inspect as cli_inspect
 from . import plan as cli_plan
 from . import simulate as cli_simulate
 
-# name -> (register arguments, run). Later subcommands (plan, simulate, bench) add themselves here.
+# name -> (register arguments, run, help)
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 COMMANDS: dict[str, Command] = {
     "inspect": (cli_inspect.add_arguments, cli_inspect.run, cli_inspect.HELP),

@@ -107,3 +107,24 @@ def test_every_module_imports_without_a_framework() -> None:
 def test_the_three_parts_are_packages() -> None:
     packages = {info.name for info in pkgutil.iter_modules([str(ROOT)]) if info.ispkg}
     assert packages == {"policy", "persist", "cli"}
+
+
+ADAPTERS = {"autockpt_lightning": {"autockpt_keras"}, "autockpt_keras": {"autockpt_lightning"}}
+"""Each adapter and the packages it must not import."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for package in (*ADAPTERS, "autockpt_torch") for p in (ROOT.parent / package).rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT.parent)),
+)
+def test_neither_adapter_imports_the_other_and_the_shared_torch_code_imports_neither(path: Path) -> None:
+    package = path.relative_to(ROOT.parent).parts[0]
+    forbidden = ADAPTERS.get(package, {"autockpt_lightning", "autockpt_keras"})
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            used.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            used.add(node.module.split(".")[0])
+    assert not used & forbidden, f"{path} imports {sorted(used & forbidden)}"

@@ -1,0 +1,100 @@
+"""The run's ledger: what checkpoints cost the training thread and how many were taken, and
+the numbers reported from it (the framework's logger, the end-of-run summary line).
+
+``CheckpointSession`` writes to it on the training thread (``started`` at ``start()``,
+``stalled`` for every blocked interval, ``taken`` per checkpoint) and reads it in
+``metrics()`` and ``summary()``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .config import Config
+from .persist import BufferPool
+from .policy import Estimates
+from .policy.decision import IntervalChoice as Interval
+from .summary import RunSummary
+
+
+class RunLedger:
+    """Counters of one session; ``clock`` is the session's."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.start_time: float | None = None
+        self.total_stall = 0.0
+        self.checkpoints = 0
+        self.newest_step: int | None = None
+        self.newest_name: str | None = None
+        self.copy_mode: str | None = None
+
+    def started(self, now: float) -> None:
+        self.start_time = now
+
+    def stalled(self, seconds: float) -> None:
+        """The training thread was blocked ``seconds`` by a checkpoint (hook, copy, wait)."""
+        self.total_stall += seconds
+
+    def taken(self, step: int, name: str, mode: str | None) -> None:
+        """A checkpoint of ``step`` was handed to the writer as ``name`` (copied in ``mode``)."""
+        self.checkpoints += 1
+        self.newest_step, self.newest_name = step, name
+        self.copy_mode = mode or self.copy_mode
+
+    def overhead(self) -> float | None:
+        """Fraction of wall time since ``started`` the training thread spent blocked."""
+        if self.start_time is None:
+            return None
+        elapsed = self._clock() - self.start_time
+        return self.total_stall / elapsed if elapsed > 0 else None
+
+    def metrics(
+        self, est: Estimates, interval: Interval | None, buffers: BufferPool[object], released_bytes: int
+    ) -> dict[str, float]:
+        """Numbers for the framework's logger: interval, stall, overhead, checkpoint count."""
+        out: dict[str, float] = {"autockpt/checkpoints": float(self.checkpoints)}
+        if interval is not None:
+            out["autockpt/interval_steps"] = float(interval.steps)
+        if est.stall_s is not None:
+            out["autockpt/stall_ms"] = est.stall_s * 1e3
+        overhead = self.overhead()
+        if overhead is not None:
+            out["autockpt/overhead_pct"] = overhead * 100.0
+        if buffers.peak_bytes:
+            out["autockpt/buffer_bytes"] = float(buffers.total_bytes or released_bytes)
+            out["autockpt/buffer_peak_bytes"] = float(buffers.peak_bytes)
+        return out
+
+    def summary(
+        self,
+        framework: str,
+        config: Config,
+        est: Estimates,
+        interval: Interval | None,
+        deferred: int,
+        buffers: BufferPool[object],
+        released_bytes: int,
+        newest_path: str | None,
+        mirror: str | None,
+        mirrored: int,
+    ) -> RunSummary:
+        return RunSummary(
+            framework=framework,
+            checkpoints=self.checkpoints,
+            mean_stall_s=(self.total_stall / self.checkpoints) if self.checkpoints else None,
+            checkpoint_bytes=est.checkpoint_bytes,
+            overhead=self.overhead(),
+            budget=config.overhead_budget,
+            interval_steps=interval.steps if interval is not None else None,
+            interval_rule=interval.rule if interval is not None else None,
+            newest_step=self.newest_step,
+            newest_path=newest_path,
+            persist_s=est.persist_s,
+            deferred=deferred,
+            buffer_bytes=buffers.total_bytes or released_bytes,
+            buffer_peak_bytes=buffers.peak_bytes,
+            copy_mode=self.copy_mode,
+            mirror=mirror,
+            mirrored=mirrored,
+        )
