@@ -89,9 +89,9 @@ from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.emergency import commit_emergency
 from autockpt_core.persist import storage_for
 from autockpt_core.persist.failures import unfinished_message
-from autockpt_core.policy.rank_timing import StepClock
 from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
+from autockpt_core.policy.rank_timing import StepClock
 
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo, read_record
 from .copying import Copier, buffer_pool_for, copier_for
@@ -105,8 +105,8 @@ from .processes import Processes, processes_for
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, manifest_meta, prepare_buffers
-from .strategies import check_strategy
 from .state import REPLICA, assign_state, collect_state, ensure_built
+from .strategies import check_strategy
 
 log = logging.getLogger("autockpt")
 
@@ -360,17 +360,18 @@ class AutoCheckpoint(CallbackSettings, keras.callbacks.Callback):
             signum = self._agreed_signal(error)  # a signal after the last batch, on any process
         finally:
             self._stop_preemption()
-        if self.config.verbose and processes.writes and self.summary is not None:
-            if self._batch is None and self.restored is not None and self.restored.next_epoch >= self.params.get(
-                "epochs", 0
-            ):
-                print(
-                    f"autockpt: nothing left to train: the checkpoint at step {self.restored.step} "
-                    f"already finished {self.restored.next_epoch} epoch(s); pass a larger epochs= to continue",
-                    flush=True,
+        if processes.writes and self.summary is not None:
+            restored = self.restored
+            if self._batch is None and restored is not None and restored.next_epoch >= self.params.get("epochs", 0):
+                message = (
+                    f"autockpt: nothing left to train: the checkpoint at step {restored.step} "
+                    f"already finished {restored.next_epoch} epoch(s); pass a larger epochs= to continue"
                 )
+                log.info(message)
             else:
-                print(self.summary.line(), flush=True)
+                message = self.summary.line()
+            if self.config.verbose:
+                print(message, flush=True)
         if signum is not None and self.config.on_preempt == "exit":
             # The signal came after the last batch: training is complete and committed.
             raise Preempted(signum, self._global_step())

@@ -307,9 +307,12 @@ class AutoCheckpoint(CallbackSettings, Callback):
             self._on_preempted(trainer, step, signum, saved=save)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The final checkpoint (unless the newest one holds this step), then finish the session."""
+        """The final checkpoint (unless the newest one holds this step), or with
+        ``save_on_train_end=False`` a checkpoint still due, then finish the session."""
         step = trainer.global_step
-        final = self.save_on_train_end and self._trained and step != self._saved_step
+        due = self._deferred_reason is not None  # a checkpoint put off to a step that never came
+        reason = self._deferred_reason if due and not self.save_on_train_end else FINAL_REASON
+        final = (self.save_on_train_end or due) and self._trained and step != self._saved_step
         loss = self._last_loss
         if final and trainer.is_global_zero and loss is not None and not math.isfinite(loss):
             warnings.warn(
@@ -327,7 +330,7 @@ class AutoCheckpoint(CallbackSettings, Callback):
             final, unclean = agreed.save, agreed.unclean
         self._deferred_from = self._deferred_reason = None
         if final:
-            self._checkpoint(trainer, step, FINAL_REASON, meta={CONTINUES_EXACTLY: not unclean})
+            self._checkpoint(trainer, step, reason or FINAL_REASON, meta={CONTINUES_EXACTLY: not unclean})
         self._finish_session(trainer, raise_errors=True)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

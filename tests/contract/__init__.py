@@ -1,0 +1,1 @@
+"""Contract tests: the promises both AutoCheckpoint adapters keep alike (test_contract.py)."""
