@@ -13,6 +13,7 @@ ADAPTER_SURFACE = frozenset(
         "autockpt_core.checkpoint_event",
         "autockpt_core.emergency",  # the commit after a preemption signal
         "autockpt_core.rng",  # Python's and numpy's generators, which adapters extend
+        "autockpt_core.units",  # human sizes and durations (the demos print them)
         "autockpt_core.agreed_check",  # files every process wrote, verified by all
         "autockpt_core.persist",
         "autockpt_core.persist.buffers",

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 
-from autockpt_core.cli import main as autockpt
+from autockpt_bench.cli import main as autockpt
 
 
 def compare(out: str, full: bool) -> None:

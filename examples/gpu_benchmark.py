@@ -693,8 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     root = Path(tempfile.mkdtemp(prefix="autockpt-gpu-bench-", dir=args.dir))
     res = Results(args.json, meta(device, args))
-    import warnings
     import logging
+    import warnings
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

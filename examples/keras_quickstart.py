@@ -10,9 +10,9 @@ checkpoint (at the start of the interrupted epoch). CPU only, well under a minut
 
 import argparse
 
+import keras
 import numpy as np
 
-import keras
 from autockpt_keras import AutoCheckpoint, export_weights, latest_checkpoint, load_checkpoint
 
 parser = argparse.ArgumentParser()

@@ -1,10 +1,9 @@
-"""Where a command lives: the ``autockpt`` command line (inspect, plan, simulate, bench, demo,
-compare, goodput).
+"""Where a core command lives: ``python -m autockpt_core.cli`` (inspect, plan, simulate); the
+``autockpt`` command adds the study's commands (:mod:`autockpt_bench.cli`).
 
 Each subcommand is one module with ``HELP``, ``add_arguments(parser)`` and ``run(args)``;
-:mod:`.commands` registers them. The commands may import everything in ``autockpt_core``.
-Framework code runs only in the worker processes of :mod:`.workers`, which the commands start
-with ``python -m``; the adapters' ``demo`` modules run the demo workers in-process.
+:mod:`.commands` registers them. The commands may import everything in ``autockpt_core``;
+nothing but the command lines (this package and ``autockpt_bench``) imports this package.
 """
 
 from .commands import build_parser, main

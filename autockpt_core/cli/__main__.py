@@ -1,4 +1,4 @@
-"""``python -m autockpt_core.cli``: the same as the ``autockpt`` command."""
+"""``python -m autockpt_core.cli``: the core's commands (inspect, plan, simulate)."""
 
 import sys
 

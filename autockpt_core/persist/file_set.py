@@ -33,7 +33,6 @@ from typing import Any, Callable, Mapping, Sequence
 from .checksum import ALGORITHM, checksum_stream, mismatch
 from .storage import TEMP_PREFIX, LocalStorage, Storage, WriteResult, fsync_directory
 
-
 Checksums = Mapping[str, Sequence[Any]]
 """File path inside the directory -> [size, CRC-32], as the writers of those files computed them."""
 

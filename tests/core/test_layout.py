@@ -1,9 +1,12 @@
 """The tree shows the design: which part of ``autockpt_core`` may import which, and no framework.
 
 Parts: ``policy`` (decisions) and ``persist`` (bytes) import only the base modules; the engine
-(``session``, ``summary``) imports those two; ``cli`` may import everything and nothing imports
-it. Checked on the source (every ``import`` statement, including those inside functions), and
-by importing every module in a fresh interpreter.
+(``session``, ``summary``) imports those two; ``cli`` may import everything and nothing but the
+command lines (it and ``autockpt_bench``) imports it. No module of the core imports a framework,
+an adapter or ``autockpt_bench``, with no exemption. The adapters reach the core through the
+surface it lists (``autockpt_core.adapter_surface``) and never import each other. Checked on the
+source (every ``import`` statement, including those inside functions), and by importing every
+core module in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ import autockpt_core
 ROOT = Path(autockpt_core.__file__).parent
 BASE = {"autockpt_core.config", "autockpt_core.units", "autockpt_core.errors", "autockpt_core.preemption", "autockpt_core.rng"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "lightning", "jax")
-# Worker processes of the commands: started with ``python -m``, never imported in-process.
-FRAMEWORK_WORKERS = ("autockpt_core.cli.workers.lightning_", "autockpt_core.cli.workers.keras_")
 
 
 def _modules() -> dict[str, Path]:
@@ -87,14 +88,14 @@ def test_imports_point_one_way(module: str) -> None:
     assert not wrong, f"{module} ({part}) imports {wrong}; {part} may import only {sorted(ALLOWED[part])}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith(FRAMEWORK_WORKERS)))
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_framework_in_the_source(module: str) -> None:
     used = {m.split(".")[0] for m in _imports(module, MODULES[module])}
-    assert not used & set(FRAMEWORKS) | {"autockpt_torch", "autockpt_lightning", "autockpt_keras"} & used
+    assert not used & {*FRAMEWORKS, "autockpt_torch", "autockpt_lightning", "autockpt_keras", "autockpt_bench"}
 
 
 def test_every_module_imports_without_a_framework() -> None:
-    names = sorted(m for m in MODULES if not m.startswith(FRAMEWORK_WORKERS) and not m.endswith("__main__"))
+    names = sorted(m for m in MODULES if not m.endswith("__main__"))
     code = (
         "import importlib, sys\n"
         f"for name in {names!r}: importlib.import_module(name)\n"
@@ -146,9 +147,7 @@ ADAPTER_MODULES = sorted(p for package in ("autockpt_lightning", "autockpt_keras
                          for p in (ROOT.parent / package).rglob("*.py"))  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "path", [p for p in ADAPTER_MODULES if p.name != "demo.py"], ids=lambda p: str(p.relative_to(ROOT.parent))
-)
+@pytest.mark.parametrize("path", ADAPTER_MODULES, ids=lambda p: str(p.relative_to(ROOT.parent)))
 def test_adapters_reach_the_core_through_its_listed_surface(path: Path) -> None:
     from autockpt_core.adapter_surface import ADAPTER_SURFACE
 
@@ -156,7 +155,6 @@ def test_adapters_reach_the_core_through_its_listed_surface(path: Path) -> None:
     assert not beyond, f"{path} imports {beyond}, outside autockpt_core.adapter_surface.ADAPTER_SURFACE"
 
 
-@pytest.mark.xfail(strict=True, reason="the adapters' demo modules still run the demo workers of autockpt_core.cli")
-def test_nothing_outside_the_cli_imports_it() -> None:
+def test_nothing_outside_the_command_lines_imports_the_cli() -> None:
     outside = [p for p in ADAPTER_MODULES if any(m.startswith("autockpt_core.cli") for m in _core_imports(p))]
     assert not outside, outside

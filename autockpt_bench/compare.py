@@ -1,0 +1,269 @@
+"""``autockpt compare``: what checkpointing costs in PyTorch/Lightning and TensorFlow/Keras.
+
+The same small/medium/large workloads (:mod:`.study.workloads`) are trained in both frameworks
+with no checkpointing, autockpt at a fixed interval and under overhead budgets, and each
+framework's own checkpointing at the same interval. Every run is a fresh worker process
+(:mod:`.study.protocol`); after each run with checkpoints a second process resumes from its
+newest checkpoint and trains to the end, which gives the restore time and whether the resumed
+run is exact. Repetitions alternate the order of the methods. Writes ``DIR/results.json``,
+``DIR/results.md`` and three PNGs, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autockpt_core.cli.args import budget, duration
+
+from .bench import machine_info
+from .study import plots, report
+from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json
+from .study.runner import run_case
+from .study.workloads import Workload, preset
+
+HELP = "measure checkpointing cost in Lightning and Keras on small/medium/large workloads, native vs autockpt"
+
+FRAMEWORK_METHODS = {"lightning": LIGHTNING_METHODS, "keras": KERAS_METHODS}
+FRAMEWORK_PACKAGES = ("torch", "lightning", "keras", "tensorflow", "orbax-checkpoint", "jax")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="scaled-down workloads, few steps, one repetition, restore runs for autockpt and the "
+                             "synchronous ModelCheckpoint only (a few minutes)")
+    parser.add_argument("--out", default="autockpt-compare", help="directory for results.json, results.md and the PNGs")
+    parser.add_argument("--frameworks", default="lightning,keras", help="lightning, keras or both (default)")
+    parser.add_argument("--workloads", default="small,medium,large", help="which workloads (default all three)")
+    parser.add_argument("--methods", default="", help="only these methods (names as in results.json; default all)")
+    parser.add_argument("--every", type=int, default=None, help="checkpoint interval k in steps (default 10; quick 5)")
+    parser.add_argument("--checkpoints", type=int, default=None, help="checkpoints per run at interval k (default 4; quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps excluded from step times (default 5; quick 3)")
+    parser.add_argument("--budgets", default=None, help="overhead budgets of the budget runs (default 1%%,2%%,5%%; quick 2%%)")
+    parser.add_argument("--budget-window", default=None,
+                        help="training time of each budget run, so it can hold the interval autockpt chooses "
+                             "(default 60s; quick 6s; never fewer steps than the fixed-interval runs)")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 2; quick 1)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every run (default 1; 0 = framework default)")
+    parser.add_argument("--no-restore", action="store_true", help="skip the restore runs")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    parser.add_argument("--keras-backend", default="tensorflow", help="KERAS_BACKEND of the Keras runs")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per worker process")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                        help="measure nothing: merge the results.json of earlier runs (e.g. one per workload) into --out")
+
+
+def _budgets(text: str) -> list[float]:
+    return [budget("--budgets", part.strip()) for part in text.split(",") if part.strip()]
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    quick = bool(args.quick)
+    s = {
+        "quick": quick,
+        "every": args.every if args.every is not None else (5 if quick else 10),
+        "checkpoints": args.checkpoints if args.checkpoints is not None else (3 if quick else 4),
+        "warmup": args.warmup if args.warmup is not None else (3 if quick else 5),
+        "budgets": _budgets(args.budgets if args.budgets is not None else ("2%" if quick else "1%,2%,5%")),
+        "repeats": args.repeats if args.repeats is not None else (1 if quick else 2),
+        "threads": args.threads,
+        "keras_backend": args.keras_backend,
+        "restore": not args.no_restore,
+        "budget_window_s": duration("--budget-window", args.budget_window or ("6s" if quick else "60s")),
+    }
+    if s["every"] < 2 or s["checkpoints"] < 1 or s["warmup"] < 1 or s["repeats"] < 1:
+        raise ValueError("--every must be >= 2; --checkpoints, --warmup and --repeats >= 1")
+    # checkpoints at global steps k, 2k, ..., Ck, then k/2 more steps (never a multiple of k) that a restore trains again
+    s["steps"] = max(s["warmup"] + 1, s["checkpoints"] * s["every"] + max(1, s["every"] // 2))
+    return s
+
+
+def plan_methods(framework: str, settings: dict[str, Any], only: set[str]) -> list[dict[str, Any]]:
+    methods: list[dict[str, Any]] = []
+    for name in FRAMEWORK_METHODS[framework]:
+        methods.append({"name": name} if name == "none" else {"name": name, "every": settings["every"]})
+        if name == "autockpt":
+            methods += [{"name": "autockpt-budget", "budget": b} for b in settings["budgets"]]
+    if settings["budgets"]:  # the budget runs' own baseline: as long as they are (epoch ends, drift)
+        methods.insert(1, {"name": "none", "long": True})
+    keep = [m for m in methods if not only or report.method_key(m) in only or m["name"] in only or m["name"] == "none"]
+    return keep if any(m["name"] == "autockpt-budget" for m in keep) else [m for m in keep if not m.get("long")]
+
+
+def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    wrong = [x for x in items if x not in allowed]
+    if wrong or not items:
+        raise ValueError(f"{flag}: unknown {wrong or text!r}; choose from {', '.join(allowed)}")
+    return items
+
+
+def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
+    if args.merge:
+        return _merge(args)
+    settings = settings_from_args(args)
+    frameworks = _list(args.frameworks, tuple(WORKERS), "--frameworks")
+    all_workloads = preset(settings["quick"])
+    workloads = {name: all_workloads[name] for name in _list(args.workloads, tuple(all_workloads), "--workloads")}
+    only = {x.strip() for x in args.methods.split(",") if x.strip()}
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    scratch = os.path.join(out, "runs")
+    console = Console(width=200)
+    started = time.perf_counter()
+    plan = [(rep, f, w, m) for rep in range(settings["repeats"]) for f in frameworks for w in workloads
+            for m in _ordered(plan_methods(f, settings, only), rep)]
+    runs: list[dict[str, Any]] = []
+    step_s: dict[tuple[str, str], float] = {}  # (framework, workload) -> step time without checkpoints, first repetition
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("compare", total=len(plan))
+        for rep, framework, name, method in plan:
+            key = report.method_key(method)
+            progress.update(task, description=f"rep {rep + 1} {framework} {name} {key}")
+            steps = settings["steps"]
+            if (method["name"] == "autockpt-budget" or method.get("long")) and (framework, name) in step_s:
+                steps = max(steps, settings["warmup"] + round(settings["budget_window_s"] / step_s[(framework, name)]))
+            run_ = _measure(framework, workloads[name], method, rep, steps, settings, scratch, args.timeout, workers)
+            if method == {"name": "none"} and run_["train"].get("step_s") and (framework, name) not in step_s:
+                step_s[(framework, name)] = run_["train"]["step_s"]
+            runs.append(run_)
+            progress.advance(task)
+    results: dict[str, Any] = {
+        "machine": machine_info(),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": "autockpt compare " + " ".join(_argv(args)),
+        "versions": _versions(),
+        "settings": settings,
+        "frameworks": frameworks,
+        "workloads": {n: {"description": w.describe(), "params": w.params, "state_bytes": w.state_bytes, **w.to_json()}
+                      for n, w in workloads.items()},
+        "runs": runs,
+    }
+    results["rows"] = report.summarize(runs)
+    results["targets"] = report.targets(results["rows"])
+    results["wall_s"] = time.perf_counter() - started
+    results["plots"] = [] if args.no_plots else _plots(results, out)
+    if not any("error" in r["train"] or "error" in (r["restore"] or {}) for r in runs):
+        shutil.rmtree(scratch, ignore_errors=True)  # logs of failed runs stay for reading
+    _write(results, out, console)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    parts = []
+    for directory in args.merge:
+        path = os.path.join(directory, "results.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"--merge: no results.json in {directory}")
+        with open(path, encoding="utf-8") as f:
+            parts.append(json.load(f))
+    results = report.merge(parts)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    results["plots"] = [] if args.no_plots else _plots(results, out)
+    _write(results, out, Console(width=200))
+    return 0
+
+
+def _write(results: dict[str, Any], out: str, console: Console) -> None:
+    write_json(os.path.join(out, "results.json"), results)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(report.markdown(results))
+    _print(results, console)
+    console.print(f"wrote {out}/results.json, results.md" + "".join(f", {p}" for p in results["plots"])
+                  + f"; wall time {results['wall_s']:.0f} s")
+
+
+def _ordered(methods: list[dict[str, Any]], rep: int) -> list[dict[str, Any]]:
+    """Alternate the order between repetitions (slow drift of the machine hits every method alike).
+
+    The run without checkpointing stays first: its step time sizes the budget runs (and their baseline).
+    """
+    return methods if rep % 2 == 0 else methods[:1] + list(reversed(methods[1:]))
+
+
+def _measure(framework: str, workload: Workload, method: dict[str, Any], rep: int, steps: int, settings: dict[str, Any],
+             scratch: str, timeout: float, workers: dict[str, str] | None) -> dict[str, Any]:
+    key = report.method_key(method)
+    tag = f"{framework}-{workload.name}-{key}-{rep}"
+    workdir = os.path.join(scratch, tag)
+    ckpt_dir = os.path.join(workdir, "ckpt")
+    shutil.rmtree(workdir, ignore_errors=True)
+    common = {"dir": ckpt_dir, "steps": steps, "warmup": settings["warmup"],
+              "reference": os.path.join(workdir, "reference.npz")}
+    kw = {"timeout": timeout, "threads": settings["threads"], "keras_backend": settings["keras_backend"], "workers": workers}
+    train = run_case(framework, "train", workload, method, workdir, "train", **kw, **common)
+    restore = None
+    # --quick restores only autockpt and the framework's synchronous ModelCheckpoint (the comparison that
+    # matters most), to stay within a few minutes; the full study restores every method
+    restores = not settings["quick"] or method["name"] in ("autockpt", NATIVE_SYNC[framework])
+    if settings["restore"] and restores and method["name"] != "none" and "error" not in train and "skipped" not in train \
+            and train.get("checkpoint_steps"):
+        restore = run_case(framework, "restore", workload, method, workdir, "restore", **kw, **common)
+    for name in os.listdir(workdir) if os.path.isdir(workdir) else []:  # checkpoints are big; logs stay
+        path = os.path.join(workdir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.endswith(".npz"):
+            os.unlink(path)
+    return {"framework": framework, "workload": workload.name, "method": method, "rep": rep, "train": train, "restore": restore}
+
+
+def _plots(results: dict[str, Any], out: str) -> list[str]:
+    rows = results["rows"]
+    names = {"slowdown_vs_interval.png": lambda p: plots.slowdown_vs_interval(rows, results["frameworks"], p),
+             "blocked_vs_size.png": lambda p: plots.blocked_vs_size(rows, p),
+             "size_per_format.png": lambda p: plots.size_per_format(rows, p)}
+    for name, draw in names.items():
+        draw(os.path.join(out, name))
+    return list(names)
+
+
+def _print(results: dict[str, Any], console: Console) -> None:
+    body = report.table_rows(results["rows"])
+    table = Table(title=f"Checkpointing cost, {results['machine']['description']}")
+    for col in report.HEAD:
+        table.add_column(col, justify="left" if col in ("framework", "workload", "method", "format", "exact resume") else "right")
+    for row in body:
+        table.add_row(*row)
+    console.print(table)
+    for t in results["targets"]:
+        console.print(f"{'met' if t['met'] else 'NOT met'}: {t['framework']} {t['workload']}: {t['target']} — {t['measured']}")
+    for row in results["rows"]:
+        for problem in row.get("problems", []):
+            console.print(f"[yellow]{row['framework']} {row['workload']} {row['label']}[/yellow]: {problem}")
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for package in FRAMEWORK_PACKAGES:
+        try:
+            out[package] = importlib.metadata.version(package if package != "tensorflow" else "tensorflow-cpu")
+        except importlib.metadata.PackageNotFoundError:
+            try:
+                out[package] = importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    out = ["--quick"] if args.quick else []
+    for name in ("frameworks", "workloads", "methods", "every", "checkpoints", "warmup", "budgets", "budget_window",
+                 "repeats", "threads"):
+        value = getattr(args, name)
+        if value not in (None, ""):
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    return out + ["--out", args.out]
+

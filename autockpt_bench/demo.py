@@ -1,0 +1,39 @@
+"""``autockpt demo``: the main job on built-in synthetic data, in both frameworks.
+
+Runs ``python -m autockpt_lightning.demo`` and ``python -m autockpt_keras.demo`` in fresh
+subprocesses (each framework in its own interpreter, Keras' backend chosen per run). Each prints what the policy measured and decided.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+HELP = "train small synthetic models with Lightning and Keras using autockpt (needs the extras)"
+
+FRAMEWORKS = {
+    "lightning": ["-m", "autockpt_lightning.demo"],
+    "keras": ["-m", "autockpt_keras.demo"],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dirpath", default="autockpt-demo", help="where the demo writes checkpoints")
+    parser.add_argument(
+        "--framework", choices=sorted(FRAMEWORKS) + ["both"], default="both", help="which framework to run"
+    )
+    parser.add_argument("--budget", default="2%", help="overhead budget (default 2%%)")
+    parser.add_argument("--keras-backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"))
+
+
+def run(args: argparse.Namespace) -> int:
+    names = sorted(FRAMEWORKS) if args.framework == "both" else [args.framework]
+    status = 0
+    for name in names:
+        env = dict(os.environ, KERAS_BACKEND=args.keras_backend)
+        cmd = [sys.executable, *FRAMEWORKS[name], "--dirpath", os.path.join(args.dirpath, name), "--budget", args.budget]
+        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        status = subprocess.call(cmd, env=env) or status
+    return status

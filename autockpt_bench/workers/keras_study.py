@@ -1,0 +1,545 @@
+"""Keras worker of ``autockpt compare`` and ``autockpt goodput``: one case per process.
+
+``python -m autockpt_bench.workers.keras_study {train,restore,goodput} --spec SPEC.json``
+runs one case of the contract in :mod:`autockpt_bench.study.protocol` on the spec's
+``keras_backend`` (default tensorflow; set with the thread caps before Keras is imported;
+TensorFlow runs with ``enable_op_determinism``). The models are :mod:`.keras_models`; one epoch
+is ``make_data(workload, steps_per_epoch)`` fed as numpy arrays with ``shuffle=False``.
+
+Methods (``train`` and ``restore``): ``none``; ``autockpt`` / ``autockpt-budget``
+(:class:`~autockpt_keras.AutoCheckpoint`, keep 2, resumed by its auto-resume);
+``modelcheckpoint-h5`` / ``modelcheckpoint-keras`` (``ModelCheckpoint`` to
+``ckpt-e{epoch}-b{batch}.weights.h5`` / ``.keras``; resumed with build + compile + optimizer
+build + ``load_weights`` / with ``load_model``, then ``fit(initial_epoch=step // steps_per_epoch)``:
+the interrupted epoch is replayed from its first batch); ``backup-restore`` (``BackupAndRestore``,
+which restores the weights and the epoch and replays it); ``orbax`` (``OrbaxCheckpoint(
+save_on_background=True, max_to_keep=2)``; resumed with ``model.load_weights(dir)``, which
+loads the newest step, then the epoch as above); ``tf-manager`` (``tf.train.Checkpoint`` over
+the model and optimizer with a ``CheckpointManager(max_to_keep=2)``, saved synchronously by a
+small callback; restored with ``checkpoint.restore(manager.latest_checkpoint)``; TensorFlow
+backend only). A method that cannot run here (orbax not installed, tf-manager on another
+backend) writes ``{"framework", "workload", "method", "skipped": why}`` and exits 0.
+
+How each figure is taken (``train``): the step ends in a callback placed after the method's,
+at ``on_train_batch_end`` (global step = ``optimizer.iterations``); the method's hooks that may
+save (``on_train_batch_end``, and autockpt's ``on_epoch_begin`` where a checkpoint due at an
+epoch's last batch is taken) are timed with :func:`.study_common.time_hooks`; a checkpoint is
+detected by wrapping the method's save function (autockpt ``_save``, ``ModelCheckpoint`` and
+``BackupAndRestore`` ``_save_model``, ``OrbaxCheckpoint._save_checkpoint``,
+``CheckpointManager.save``). ``save_s``: synchronous methods, the time in that function;
+autockpt, from the start of ``_save`` to the writer thread's commit callback; orbax, from
+the start of ``_save_checkpoint`` to the end of ``result()`` on its save future (a thread
+waits on it). After the last step the worker waits for the in-flight write (autockpt
+``session.flush()``, orbax ``wait_until_finished()``) and ends through ``finish_train``.
+
+``restore``: ``load_s`` is the time in the load call (autockpt ``_restore`` inside its
+``on_train_begin``; ``BackupAndRestore.on_train_begin``; ``load_weights`` / ``load_model`` /
+``checkpoint.restore``); ``resumed_step`` is ``optimizer.iterations`` when training starts;
+training stops when the data position (epoch × steps_per_epoch + batch + 1) reaches ``steps``,
+so a method that replays an epoch ends with ``final_step > steps``. The restoring run takes no
+new checkpoints (its save frequency is set out of reach), except that autockpt still allocates
+its copy buffers at the first step as it always does.
+
+``goodput``: ``step`` in the events is the job's data position (epoch × steps_per_epoch +
+batch + 1): for autockpt it is the global step; for ``BackupAndRestore`` (which replays the
+epoch) it goes back to the epoch's start after a resume, while ``optimizer.iterations`` keeps
+counting (the ``resumed`` event has it as ``global_step``). ``blocked_s`` is the time in the
+method's save function (autockpt ``_save``: snapshot plus any wait for the previous persist).
+"""
+
+from __future__ import annotations
+
+import time
+
+_STARTED = time.time()  # the goodput "start" event: before Keras and TensorFlow are imported
+
+import argparse
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..study.protocol import KERAS_METHODS, EventLog, read_spec, write_json
+from ..study.workloads import Workload, make_data
+from .study_common import (
+    Timeline,
+    finish_restore,
+    finish_train,
+    path_bytes,
+    setup_threads,
+    time_hooks,
+)
+
+CASES = ("train", "restore", "goodput")
+GOODPUT_METHODS = ("none", "every-epoch", "native-every-n", "autockpt", "autockpt-budget", "autockpt-mtbf")
+FORMATS = {
+    "none": None,
+    "autockpt": ".safetensors",
+    "autockpt-budget": ".safetensors",
+    "modelcheckpoint-h5": ".weights.h5",
+    "modelcheckpoint-keras": ".keras",
+    "backup-restore": "BackupAndRestore (.weights.h5)",
+    "orbax": "orbax dir",
+    "tf-manager": "tf checkpoint",
+}
+NEVER = 10**9  # a save frequency a restoring run never reaches
+
+
+def setup_backend(spec: dict[str, Any]) -> str:
+    """``KERAS_BACKEND`` and the thread caps, before Keras is imported; TF op determinism."""
+    backend = spec.get("keras_backend") or "tensorflow"
+    os.environ["KERAS_BACKEND"] = backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    threads = int(spec.get("threads") or 0)
+    setup_threads(threads)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if threads > 0:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.experimental.enable_op_determinism()
+    elif backend == "torch":
+        import torch
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+    return backend
+
+
+def skip_reason(name: str, backend: str) -> str | None:
+    if name == "tf-manager" and backend != "tensorflow":
+        return f"tf.train.CheckpointManager needs the TensorFlow backend (KERAS_BACKEND={backend})"
+    if name == "orbax":
+        try:
+            import orbax.checkpoint  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a broken jax install
+            return f"orbax-checkpoint is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def iterations(model: Any) -> int:
+    return int(model.optimizer.iterations.numpy())
+
+
+def weights_of(model: Any) -> list[Any]:
+    import keras
+
+    return [keras.ops.convert_to_numpy(v.value) for v in model.trainable_weights]
+
+
+def timed(obj: Any, name: str, after: Callable[[float, tuple[Any, ...], Any], None], before: Callable[..., None] | None = None) -> None:
+    """Wrap ``obj.name``: ``after(seconds, args, result)`` once it returns (``before(*args)`` first)."""
+    original = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before(*args, **kwargs)
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        after(time.perf_counter() - start, args, out)
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+def make_autockpt(method: dict[str, Any], directory: Path, *, resume: bool, saves: bool = True) -> Any:
+    from autockpt_keras import AutoCheckpoint
+
+    kwargs: dict[str, Any] = {"keep_last": 2, "resume": resume, "verbose": False, "save_on_train_end": False, "signals": ()}
+    if not saves:
+        kwargs["every_n_steps"] = NEVER
+    elif method["name"] == "autockpt":
+        kwargs["every_n_steps"] = int(method["every"])
+    else:
+        kwargs["overhead_budget"] = method["budget"]
+        if method.get("mtbf_s") is not None:
+            kwargs["mtbf"] = method["mtbf_s"]
+    return AutoCheckpoint(str(directory), **kwargs)
+
+
+def make_probe(model: Any, spe: int, on_step: Callable[[int, int], None], on_begin: Callable[[int], None] | None = None) -> Any:
+    """The callback placed last: ``on_step(global_step, data_position)`` after every trained step.
+
+    A batch the global step did not advance on (autockpt drawing the batches a resumed epoch
+    had already trained) is not a step. ``position()``: the data position of the batch in
+    progress, also inside other callbacks' hooks (this one's begin hooks run before them).
+    """
+    import keras
+
+    class Probe(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.epoch, self.batch, self.last = 0, -1, -1
+
+        def position(self) -> int:
+            return self.epoch * spe + self.batch + 1
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.last = iterations(model)
+            if on_begin is not None:
+                on_begin(self.last)
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.epoch, self.batch = epoch, -1
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.batch = batch
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step = iterations(model)
+            if step == self.last:
+                return
+            self.last = step
+            on_step(step, self.position())
+
+    return Probe()
+
+
+class Job:
+    def __init__(self, workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> None:
+        self.workload, self.method, self.spec = workload, method, spec
+        self.name = method["name"]
+        self.steps = int(spec["steps"])
+        self.spe = workload.steps_per_epoch
+        self.epochs = math.ceil(self.steps / self.spe)
+        self.dir = Path(spec.get("dir") or ".")
+        self.x, self.y = make_data(workload, self.spe)
+
+    def fit(self, model: Any, callbacks: list[Any], initial_epoch: int = 0) -> None:
+        model.fit(self.x, self.y, batch_size=self.workload.batch, shuffle=False, epochs=self.epochs,
+                  initial_epoch=initial_epoch, verbose=0, callbacks=callbacks)
+
+    def base(self) -> dict[str, Any]:
+        return {"framework": "keras", "workload": self.workload.name, "method": self.name}
+
+
+# -- train ------------------------------------------------------------------------------------------
+
+
+def run_train(job: Job) -> None:
+    import keras
+
+    from .keras_models import build_model, state_bytes, trainable_params
+
+    model = build_model(job.workload)
+    method, name, d = job.method, job.name, job.dir
+    d.mkdir(parents=True, exist_ok=True)
+    timeline = Timeline()
+    starts: dict[int, float] = {}  # step -> start of its save (perf_counter)
+    completed: dict[int, float] = {}  # step -> its file complete (asynchronous methods)
+    every = int(method.get("every") or 0)
+    callbacks: list[Any] = []
+    hooks: list[tuple[Any, list[str]]] = []
+    wait: Callable[[], None] = lambda: None
+    newest: Callable[[], Any] = lambda: None
+    begin: Callable[[int], None] | None = None
+
+    def current() -> int:
+        return iterations(model)
+
+    def sync_save(seconds: float, args: tuple[Any, ...], out: Any) -> None:
+        timeline.checkpoint(current(), seconds)
+
+    if name in ("autockpt", "autockpt-budget"):
+        auto = make_autockpt(method, d, resume=False)
+        timed(auto, "_save", lambda s, args, out: timeline.checkpoint(int(args[0])),
+              before=lambda step, *a, **k: starts.__setitem__(int(step), time.perf_counter()))
+        callbacks.append(auto)
+        hooks.append((auto, ["on_train_batch_end", "on_epoch_begin"]))
+
+        def begin(step: int) -> None:  # the session exists now: hear its commits
+            writer = auto.session.writer
+            heard = writer._on_persisted
+
+            def persisted(record: Any, seconds: float) -> None:
+                completed[int(record.step)] = time.perf_counter()
+                if heard is not None:
+                    heard(record, seconds)
+
+            writer._on_persisted = persisted
+
+        wait = lambda: auto.session.flush()
+
+        def newest() -> Any:
+            records = auto.session.records()
+            return auto.session.path_of(records[-1]) if records else None
+
+    elif name in ("modelcheckpoint-h5", "modelcheckpoint-keras"):
+        suffix = ".weights.h5" if name.endswith("h5") else ".keras"
+        cb = keras.callbacks.ModelCheckpoint(str(d / f"ckpt-e{{epoch:04d}}-b{{batch:05d}}{suffix}"),
+                                             save_weights_only=suffix == ".weights.h5", save_freq=every)
+        timed(cb, "_save_model", sync_save)
+        callbacks.append(cb)
+        hooks.append((cb, ["on_train_batch_end"]))
+        newest = lambda: max(d.glob(f"ckpt-*{suffix}"), default=None)  # zero-padded names
+    elif name == "backup-restore":
+        cb = keras.callbacks.BackupAndRestore(str(d), save_freq=every, delete_checkpoint=True)
+        timed(cb, "_save_model", sync_save)
+        callbacks.append(cb)
+        hooks.append((cb, ["on_train_batch_end"]))
+        newest = lambda: d if any(d.iterdir()) else None  # latest.weights.h5 + training_metadata.json
+    elif name == "orbax":
+        cb = keras.callbacks.OrbaxCheckpoint(str(d), save_freq=every, save_on_background=True, max_to_keep=2)
+
+        def await_save(future: Any, step: int) -> None:
+            future.result()
+            completed[step] = time.perf_counter()
+
+        def orbax_saved(seconds: float, args: tuple[Any, ...], out: Any) -> None:
+            step = cb._total_batches_seen  # the step it passed to _save_checkpoint
+            timeline.checkpoint(step)
+            if cb._async_futures:
+                threading.Thread(target=await_save, args=(cb._async_futures[-1], step), daemon=True).start()
+
+        timed(cb, "_save_checkpoint", orbax_saved, before=lambda *a, **k: starts.__setitem__(cb._total_batches_seen, time.perf_counter()))
+        callbacks.append(cb)
+        hooks.append((cb, ["on_train_batch_end"]))
+        wait = cb.wait_until_finished
+        newest = lambda: orbax_newest(d)
+    elif name == "tf-manager":
+        _, manager = tf_manager(model, d)
+        cb = make_tf_saver(model, manager, every)
+        timed(manager, "save", sync_save)
+        callbacks.append(cb)
+        hooks.append((cb, ["on_train_batch_end"]))
+
+        def newest() -> Any:
+            prefix = manager.latest_checkpoint
+            return None if prefix is None else [p for p in d.iterdir() if p.name.startswith(Path(prefix).name + ".")]
+
+    elif name != "none":
+        raise ValueError(f"unknown train method {name!r}; use one of {', '.join(KERAS_METHODS)}")
+    for obj, names in hooks:
+        time_hooks(obj, names, timeline, current)
+
+    warmup = int(job.spec.get("warmup") or 0)
+
+    def on_step(step: int, position: int) -> None:
+        timeline.step_done(step)
+        if step < job.steps:
+            return
+        wait()  # the method's in-flight asynchronous write
+        for s, t in completed.items():
+            if s in starts:
+                timeline.checkpoint(s, t - starts[s])
+        latest = newest()
+        if latest is None:
+            nbytes = None
+        elif isinstance(latest, list):
+            nbytes = sum(path_bytes(p) for p in latest)
+        else:
+            nbytes = path_bytes(latest)
+        result = {
+            **job.base(), "params": trainable_params(model), "state_bytes": state_bytes(model), "steps": job.steps,
+            "warmup": warmup, **timeline.figures(warmup), "checkpoint_bytes": nbytes, "format": FORMATS[name],
+            "threads": int(job.spec.get("threads") or 0),
+        }  # fmt: skip
+        finish_train(job.spec, result, weights_of(model))  # ends the process
+
+    job.fit(model, callbacks + [make_probe(model, job.spe, on_step, begin)])
+    raise RuntimeError(f"fit() ended before global step {job.steps}")
+
+
+def orbax_newest(d: Path) -> Path | None:
+    return max((p for p in d.iterdir() if p.name.isdigit() and p.is_dir()), key=lambda p: int(p.name), default=None)
+
+
+def tf_manager(model: Any, d: Path) -> tuple[Any, Any]:
+    import tensorflow as tf
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    return checkpoint, tf.train.CheckpointManager(checkpoint, str(d), max_to_keep=2)
+
+
+def make_tf_saver(model: Any, manager: Any, every: int) -> Any:
+    import keras
+
+    class CheckpointManagerSaver(keras.callbacks.Callback):
+        """``manager.save(checkpoint_number=step)`` every ``every`` global steps."""
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step = iterations(model)
+            if step % every == 0:
+                manager.save(checkpoint_number=step)
+
+    return CheckpointManagerSaver()
+
+
+# -- restore ----------------------------------------------------------------------------------------
+
+
+def run_restore(job: Job) -> None:
+    import keras
+
+    from .keras_models import build_model
+
+    name, d, spe = job.name, job.dir, job.spe
+    started_at = float(job.spec["started_at"])
+    state: dict[str, Any] = {"load_s": None, "restore_s": None, "resumed_step": None}
+    callbacks: list[Any] = []
+    initial_epoch = 0
+
+    def load(fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        out = fn()
+        state["load_s"] = time.perf_counter() - start
+        return out
+
+    def record_load(seconds: float, args: tuple[Any, ...], out: Any) -> None:
+        state["load_s"] = seconds
+
+    if name in ("autockpt", "autockpt-budget"):
+        model = build_model(job.workload)
+        auto = make_autockpt(job.method, d, resume=True, saves=False)
+        timed(auto, "_restore", record_load)
+        callbacks.append(auto)
+    elif name == "modelcheckpoint-h5":
+        path = max(d.glob("ckpt-*.weights.h5"), default=None)
+        if path is None:
+            raise FileNotFoundError(f"no ckpt-*.weights.h5 in {d}")
+        model = build_model(job.workload)
+        model.optimizer.build(model.trainable_variables)  # as BackupAndRestore does: else Adam's state is skipped
+        load(lambda: model.load_weights(str(path)))
+        initial_epoch = h5_step(path, spe) // spe
+    elif name == "modelcheckpoint-keras":
+        from . import keras_models  # noqa: F401 - registers the custom layer for load_model
+
+        path = max(d.glob("ckpt-*.keras"), default=None)
+        if path is None:
+            raise FileNotFoundError(f"no ckpt-*.keras in {d}")
+        model = load(lambda: keras.models.load_model(str(path)))
+        initial_epoch = h5_step(path, spe) // spe
+    elif name == "backup-restore":
+        model = build_model(job.workload)
+        cb = keras.callbacks.BackupAndRestore(str(d), save_freq=NEVER, delete_checkpoint=False)
+        timed(cb, "on_train_begin", record_load)
+        callbacks.append(cb)
+    elif name == "orbax":
+        path = orbax_newest(d)
+        if path is None:
+            raise FileNotFoundError(f"no orbax step directory in {d}")
+        model = build_model(job.workload)
+        model.optimizer.build(model.trainable_variables)
+        load(lambda: model.load_weights(str(d)))  # a root directory: Keras loads its newest step
+        initial_epoch = int(path.name) // spe
+    elif name == "tf-manager":
+        model = build_model(job.workload)
+        model.optimizer.build(model.trainable_variables)
+        checkpoint, manager = tf_manager(model, d)
+        if manager.latest_checkpoint is None:
+            raise FileNotFoundError(f"no tf checkpoint in {d}")
+        load(lambda: checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched())
+        initial_epoch = iterations(model) // spe
+    else:
+        raise ValueError(f"nothing to restore with method {name!r}")
+
+    def finish(final_step: int) -> None:
+        result = {**job.base(), "restore_s": state["restore_s"], "load_s": state["load_s"],
+                  "resumed_step": state["resumed_step"], "final_step": final_step}
+        finish_restore(job.spec, result, weights_of(model))
+        sys.stdout.flush()
+        os._exit(0)  # no end-of-training hook (no final checkpoint, no backup deleted)
+
+    def on_begin(step: int) -> None:
+        state["resumed_step"] = step
+
+    def on_step(step: int, position: int) -> None:
+        if state["restore_s"] is None:
+            state["restore_s"] = time.time() - started_at
+        if position >= job.steps:
+            finish(step)
+
+    job.fit(model, callbacks + [make_probe(model, spe, on_step, on_begin)], initial_epoch=initial_epoch)
+    finish(iterations(model))  # nothing was left to train
+
+
+def h5_step(path: Path, spe: int) -> int:
+    """Global step of ``ckpt-eEEEE-bBBBBB.*`` (epoch and batch 1-based, as ModelCheckpoint formats them)."""
+    stem = path.name.split(".")[0]
+    _, e, b = stem.split("-")
+    return (int(e[1:]) - 1) * spe + int(b[1:])
+
+
+# -- goodput ----------------------------------------------------------------------------------------
+
+
+def run_goodput(job: Job, log: EventLog) -> None:
+    import keras
+
+    from .keras_models import build_model
+
+    name, d, spe, method = job.name, job.dir, job.spe, job.method
+    model = build_model(job.workload)
+    callbacks: list[Any] = []
+    auto: Any = None
+    probe: Any = None
+
+    def checkpoint_event(step: Callable[[tuple[Any, ...]], int]) -> Callable[[float, tuple[Any, ...], Any], None]:
+        return lambda seconds, args, out: log.write("checkpoint", step=step(args), blocked_s=seconds)
+
+    if name in ("every-epoch", "native-every-n"):
+        save_freq = "epoch" if name == "every-epoch" else int(method["every"])
+        cb = keras.callbacks.BackupAndRestore(str(d), save_freq=save_freq)
+        timed(cb, "_save_model", checkpoint_event(lambda args: probe.position()))
+        callbacks.append(cb)
+    elif name in ("autockpt", "autockpt-budget", "autockpt-mtbf"):
+        auto = make_autockpt({**method, "name": "autockpt" if name == "autockpt" else "autockpt-budget"}, d, resume=True)
+        timed(auto, "_save", checkpoint_event(lambda args: int(args[0])))
+        callbacks.append(auto)
+    elif name != "none":
+        raise ValueError(f"unknown goodput method {name!r}; use one of {', '.join(GOODPUT_METHODS)}")
+
+    def on_begin(step: int) -> None:
+        if auto is not None:
+            position = auto.restored.step if auto.restored is not None else 0
+        else:
+            position = (model._initial_epoch or 0) * spe  # BackupAndRestore sets it (the epoch to replay)
+        log.write("resumed", step=position, global_step=step)
+
+    def on_step(step: int, position: int) -> None:
+        log.write("step", step=position)
+        if position >= job.steps:
+            persist_s = auto.session.estimates().persist_s if auto is not None else None
+            log.write("done", step=position, persist_s=persist_s)
+            os._exit(0)
+
+    probe = make_probe(model, spe, on_step, on_begin)
+    job.fit(model, callbacks + [probe])
+    raise RuntimeError(f"fit() ended before the job's step {job.steps}")
+
+
+# -- entry point ------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autockpt_bench.workers.keras_study")
+    parser.add_argument("case", choices=CASES)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    workload, method, spec = read_spec(args.spec)
+    log = EventLog(spec["log"]) if args.case == "goodput" else None
+    if log is not None:
+        log.write("start", t=_STARTED)
+    backend = setup_backend(spec)
+    reason = skip_reason(method["name"], backend)
+    if reason is not None:
+        if log is not None:
+            raise SystemExit(f"keras_study goodput: {reason}")
+        write_json(spec["out"], {"framework": "keras", "workload": workload.name, "method": method["name"], "skipped": reason})
+        return 0
+    job = Job(workload, method, spec)
+    if log is not None:
+        run_goodput(job, log)
+    elif args.case == "train":
+        run_train(job)
+    else:
+        run_restore(job)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

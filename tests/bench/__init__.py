@@ -1,0 +1,1 @@
+"""Tests of autockpt_bench: the study, the benchmarks and the demos."""

@@ -1,0 +1,153 @@
+"""``autockpt compare``: settings, the per-method rows and targets, and the whole command on
+stand-in workers (real processes, one per run; ``fake_study_worker``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autockpt_bench import cli
+from autockpt_bench import compare as cli_compare
+from autockpt_bench.study import report
+from autockpt_bench.study.workloads import FULL, QUICK, Workload, make_data, param_count
+
+REPO = Path(__file__).resolve().parents[3]
+FAKE = {"lightning": "tests.bench.fake_study_worker", "keras": "tests.bench.fake_study_worker"}
+
+
+@pytest.mark.parametrize(
+    ("name", "low", "high"),
+    [("small", 0.8e6, 1.3e6), ("medium", 8e6, 12e6), ("large", 100e6, 130e6)],
+)
+def test_full_workloads_have_the_sizes_the_study_names(name: str, low: float, high: float) -> None:
+    assert low <= FULL[name].params <= high
+    assert FULL["large"].state_bytes > 1 << 30  # "training state over 1 GB with Adam"
+
+
+def test_param_count_of_a_tiny_cnn_by_hand() -> None:
+    w = Workload("t", "cnn", {"image": 8, "channels": (4, 8), "blocks": (1, 1), "classes": 3}, batch=2, steps_per_epoch=1)
+    stem = 9 * 3 * 4 + 8
+    stage1 = 9 * 4 * 4 + 8 + 9 * 4 * 4 + 8
+    stage2 = 9 * 4 * 8 + 16 + 9 * 8 * 8 + 16 + 4 * 8 + 16
+    assert param_count(w) == stem + stage1 + stage2 + 8 * 3 + 3
+
+
+def test_data_is_the_same_for_both_frameworks_and_shaped_per_kind() -> None:
+    for w in QUICK.values():
+        x1, y1 = make_data(w, 3)
+        x2, y2 = make_data(w, 3)
+        assert (x1 == x2).all() and (y1 == y2).all() and len(x1) == 3 * w.batch
+    x, y = make_data(QUICK["large"], 2)
+    assert x.shape == y.shape == (4, QUICK["large"].dims["seq"]) and x.max() < QUICK["large"].dims["vocab"]
+    assert Workload.from_json(json.loads(json.dumps(QUICK["medium"].to_json()))) == QUICK["medium"]
+
+
+def _args(*argv: str):  # type: ignore[no-untyped-def]
+    return cli.build_parser().parse_args(["compare", *argv])
+
+
+def test_settings_and_methods() -> None:
+    s = cli_compare.settings_from_args(_args("--quick"))
+    assert (s["every"], s["checkpoints"], s["warmup"], s["repeats"], s["budgets"]) == (5, 3, 3, 1, [0.02])
+    assert s["steps"] == 3 * 5 + 2 and s["steps"] % s["every"]  # checkpoints at 5, 10, 15; the last steps are restored
+    full = cli_compare.settings_from_args(_args())
+    assert full["budgets"] == [0.01, 0.02, 0.05]
+    keys = [report.method_key(m) for m in cli_compare.plan_methods("keras", full, set())]
+    assert keys == ["none", "none-long", "autockpt", "autockpt-budget-1%", "autockpt-budget-2%", "autockpt-budget-5%",
+                    "modelcheckpoint-h5", "modelcheckpoint-keras", "backup-restore", "orbax", "tf-manager"]
+    assert [m["name"] for m in cli_compare.plan_methods("lightning", full, {"async"})] == ["none", "async"]
+    with pytest.raises(ValueError, match="--budgets"):
+        cli_compare.settings_from_args(_args("--budgets", "150%"))
+    assert cli.main(["compare", "--frameworks", "pytorch"]) == 2
+
+
+def _train(step_s: float, blocked: list[float], rss: int = 100, steps: list[int] | None = None) -> dict:
+    return {"step_s": step_s, "step_s_median": step_s, "blocked_s": blocked, "save_s": blocked,
+            "checkpoint_steps": steps if steps is not None else [10 * (i + 1) for i in range(len(blocked))],
+            "checkpoint_bytes": 50, "format": ".x", "peak_rss_bytes": rss, "params": 1, "state_bytes": 100}
+
+
+def test_rows_pair_each_repetition_with_its_own_baseline_and_check_the_targets() -> None:
+    runs = []
+    for rep, noise in enumerate((1.0, 2.0)):  # the second repetition runs on a twice slower machine
+        runs += [
+            {"framework": "lightning", "workload": "small", "method": {"name": "none"}, "rep": rep,
+             "train": _train(0.1 * noise, [], rss=100), "restore": None},
+            {"framework": "lightning", "workload": "small", "method": {"name": "modelcheckpoint", "every": 10}, "rep": rep,
+             "train": _train(0.12 * noise, [0.5, 0.4]), "restore": {"restore_s": 3.0, "load_s": 0.5, "max_abs_diff": 0.1, "exact": False}},
+            {"framework": "lightning", "workload": "small", "method": {"name": "autockpt", "every": 10}, "rep": rep,
+             "train": _train(0.101 * noise, [0.05, 0.01], rss=300), "restore": {"restore_s": 2.0, "load_s": 0.2, "max_abs_diff": 0.0, "exact": True}},
+            {"framework": "lightning", "workload": "small", "method": {"name": "autockpt-budget", "budget": 0.02}, "rep": rep,
+             "train": _train(0.103 * noise, [0.01], steps=[40]), "restore": None},
+            {"framework": "lightning", "workload": "small", "method": {"name": "none", "long": True}, "rep": rep,
+             "train": _train(0.1015 * noise, []), "restore": None},  # long runs cross epoch ends: a bit slower
+        ]
+    rows = {r["method"]: r for r in report.summarize(runs)}
+    assert rows["modelcheckpoint"]["slowdown"] == pytest.approx(0.2)  # same in both repetitions
+    assert rows["autockpt"]["slowdown"] == pytest.approx(0.01)
+    assert rows["autockpt"]["blocked_vs_native_sync"] == pytest.approx(0.03 / 0.45)
+    assert rows["autockpt"]["extra_rss_bytes"] == 200 and rows["autockpt"]["exact"] is True
+    assert rows["modelcheckpoint"]["exact"] is False and rows["modelcheckpoint"]["max_abs_diff"] == 0.1
+    assert rows["autockpt-budget-2%"]["interval_steps"] is None and rows["autockpt-budget-2%"]["first_checkpoint_step"] == 40
+    assert rows["autockpt-budget-2%"]["slowdown"] == pytest.approx(0.103 / 0.1015 - 1)  # paired with the long baseline
+    assert rows["none-long"]["kind"] == "none" and rows["none-long"]["slowdown"] == pytest.approx(0.0)
+    met = {t["target"].split(" ")[0] + t["target"][-10:]: t["met"] for t in report.targets(list(rows.values()))}
+    assert list(met.values()) == [True, True]  # blocked 0.067× native; slowdown 1.5% ≤ 2% budget
+    text = report.table_rows(list(rows.values()))
+    assert any("no (max |Δw| 0.1)" in cell for row in text for cell in row)
+
+
+def test_a_failed_or_skipped_method_is_a_row_that_says_so() -> None:
+    runs = [{"framework": "keras", "workload": "small", "method": {"name": "none"}, "rep": 0, "train": _train(0.1, []), "restore": None},
+            {"framework": "keras", "workload": "small", "method": {"name": "orbax", "every": 5}, "rep": 0,
+             "train": {"skipped": "orbax-checkpoint is not installed"}, "restore": None}]
+    rows = report.summarize(runs)
+    assert rows[1]["skipped"] == "orbax-checkpoint is not installed"
+    assert "skipped: orbax-checkpoint is not installed" in report.table_rows(rows)[1][3]
+
+
+def test_compare_command_on_stand_in_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / "cmp"
+    args = _args("--quick", "--workloads", "small", "--methods", "autockpt,modelcheckpoint,modelcheckpoint-h5",
+                 "--repeats", "2", "--out", str(out))
+    assert cli_compare.run(args, workers=FAKE) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["runs"]) == 2 * 2 * 3  # repetitions × frameworks × (none, autockpt, native)
+    assert all("error" not in r["train"] for r in results["runs"])
+    restored = [r for r in results["runs"] if r["restore"]]
+    assert restored and all(r["restore"]["restore_s"] > 0 for r in restored)
+    md = (out / "results.md").read_text()
+    assert "PyTorch / Lightning" in md and "TensorFlow / Keras" in md and "Targets" in md
+    for png in ("slowdown_vs_interval.png", "blocked_vs_size.png", "size_per_format.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "runs").exists()  # scratch removed when every run succeeded
+    rows = {(r["framework"], r["method"]): r for r in results["rows"]}
+    assert rows[("lightning", "autockpt")]["exact"] is True and rows[("keras", "modelcheckpoint-h5")]["exact"] is False
+    assert rows[("lightning", "autockpt")]["blocked_vs_native_sync"] < 0.2
+
+
+def test_merge_combines_runs_taken_separately(tmp_path: Path) -> None:
+    def part(workload: str, every: int) -> dict:
+        runs = [{"framework": "keras", "workload": workload, "method": m, "rep": 0, "train": t, "restore": None}
+                for m, t in (({"name": "none"}, _train(0.1, [])),
+                             ({"name": "autockpt", "every": every}, _train(0.1, [0.01])),
+                             ({"name": "modelcheckpoint-h5", "every": every}, _train(0.2, [0.5])))]
+        settings = {"every": every, "steps": 3 * every, "warmup": 2, "threads": 1, "repeats": 1, "budget_window_s": 6}
+        return {"machine": {"description": "test machine"}, "date": f"2026-11-2{every}", "command": f"autockpt compare --every {every}",
+                "settings": settings, "wall_s": 1.0, "frameworks": ["keras"], "workloads": {workload: {
+                    "description": workload, "params": 1, "state_bytes": 12}}, "runs": runs}
+
+    for name, every in (("a", 5), ("b", 10)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(part("small" if name == "a" else "large", every)))
+    out = tmp_path / "merged"
+    args = _args("--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--no-plots")
+    assert cli_compare.run(args) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert {r["workload"] for r in merged["rows"]} == {"small", "large"} and len(merged["targets"]) == 2
+    md = (out / "results.md").read_text()
+    assert "`autockpt compare --every 5`" in md and "`autockpt compare --every 10`" in md
+    assert cli.main(["compare", "--merge", str(tmp_path / "nowhere")]) == 2
