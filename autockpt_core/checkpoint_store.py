@@ -171,10 +171,12 @@ class CheckpointStore:
         self.open()
         if not self.config.resume:
             return None
+        def newest_in_dirpath() -> CheckpointRecord | None:
+            taken = committed_before(before, accept) if before is not None else accept
+            return find_latest_valid(self.storage, framework=self.framework, accept=taken, check=check)
+
         if self.mirror is None:
-            if before is not None:
-                accept = committed_before(before, accept)
-            record = find_latest_valid(self.storage, framework=self.framework, accept=accept, check=check)
+            record = newest_in_dirpath()
         else:
             try:
                 mirrored = read_manifest(self.mirror.target)
@@ -185,9 +187,7 @@ class CheckpointStore:
                 )
                 log.warning(message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)
-                if before is not None:
-                    accept = committed_before(before, accept)
-                record = find_latest_valid(self.storage, framework=self.framework, accept=accept, check=check)
+                record = newest_in_dirpath()
             else:
                 record = self._newest_of_tiers(accept, before, mirrored, check)
                 self.mirror.learn_twins(read_manifest(self.storage), mirrored)

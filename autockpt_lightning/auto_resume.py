@@ -28,8 +28,8 @@ import torch
 
 from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
 from autockpt_core.agreed_check import AgreedCheck
-from autockpt_core.persist import CheckpointRecord, Storage, location_of
 from autockpt_core.config import path_of_location
+from autockpt_core.persist import CheckpointRecord, Storage, location_of
 from autockpt_core.persist.storage import download
 
 from . import resume as _resume

@@ -310,9 +310,9 @@ class AutoCheckpoint(CallbackSettings, Callback):
         """The final checkpoint (unless the newest one holds this step), or with
         ``save_on_train_end=False`` a checkpoint still due, then finish the session."""
         step = trainer.global_step
-        due = self._deferred_reason is not None  # a checkpoint put off to a step that never came
-        reason = self._deferred_reason if due and not self.save_on_train_end else FINAL_REASON
-        final = (self.save_on_train_end or due) and self._trained and step != self._saved_step
+        deferred = self._deferred_reason  # a checkpoint put off to a step that never came
+        reason = deferred if deferred is not None and not self.save_on_train_end else FINAL_REASON
+        final = (self.save_on_train_end or deferred is not None) and self._trained and step != self._saved_step
         loss = self._last_loss
         if final and trainer.is_global_zero and loss is not None and not math.isfinite(loss):
             warnings.warn(
@@ -330,7 +330,7 @@ class AutoCheckpoint(CallbackSettings, Callback):
             final, unclean = agreed.save, agreed.unclean
         self._deferred_from = self._deferred_reason = None
         if final:
-            self._checkpoint(trainer, step, reason or FINAL_REASON, meta={CONTINUES_EXACTLY: not unclean})
+            self._checkpoint(trainer, step, reason, meta={CONTINUES_EXACTLY: not unclean})
         self._finish_session(trainer, raise_errors=True)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

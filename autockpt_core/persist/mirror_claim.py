@@ -178,8 +178,10 @@ class MirrorClaim:
                          found.describe())  # fmt: skip
                 return True
             return False
+        if store_now is None:  # the store cannot tell its time: watch the claim instead
+            return False
         renewed = modified_time(self.storage, CLAIM_NAME)
-        if store_now is not None and renewed is not None and store_now - renewed >= self.stale_after_s:
+        if renewed is not None and store_now - renewed >= self.stale_after_s:
             log.info("autockpt: the mirror's claim by %s was last renewed %.0fs ago; taking it over",
                      found.describe(), store_now - renewed)  # fmt: skip
             return True
