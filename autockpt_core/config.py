@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import numbers
 import os
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, TypeVar, cast
+from typing import Any, Mapping
 
 import tomllib
 import yaml
@@ -419,58 +418,3 @@ def _check_bool(field: str, value: Any) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.lower() in ("true", "yes", "1")
     raise ConfigError(field, value, "must be true or false", f"pass {field}=True or {field}=False")
-
-
-#: Every field's default, for adapters whose constructors mirror the Config fields as keywords.
-CONFIG_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING
-}
-
-
-def config_from_keywords(
-    dirpath: str | os.PathLike[str] | None,
-    config: Config | None,
-    keywords: Mapping[str, Any],
-    explicit: Collection[str],
-) -> Config:
-    """The Config an adapter's ``AutoCheckpoint(dirpath, config=..., **keywords)`` asks for.
-
-    Without ``config``: ``Config(dirpath, **keywords)``. With it: ``config`` with the keywords
-    the caller passed (``explicit``, from :func:`records_explicit_keywords`) and ``dirpath``,
-    if given, applied on top. Keywords that are not Config fields are ignored (adapters pass
-    only their mirrored fields).
-    """
-    values = {k: v for k, v in keywords.items() if k in CONFIG_DEFAULTS}
-    if config is None:
-        if dirpath is None:
-            raise ConfigError("dirpath", None, "is required", "pass AutoCheckpoint(dirpath='ckpts') or config=Config(...)")
-        return Config(dirpath=os.fspath(dirpath), **values)
-    if not isinstance(config, Config):
-        raise ConfigError(
-            "config", config, "is not an autockpt Config",
-            "pass autockpt_core.Config(...) or use AutoCheckpoint.from_config(path)",
-        )
-    # keep_last=3 overrides config.keep_last=5 even though 3 is the default
-    changed = {k: v for k, v in values.items() if k in explicit}
-    if dirpath is not None:
-        changed["dirpath"] = os.fspath(dirpath)
-    return config.replace(**changed) if changed else config
-
-
-_Init = TypeVar("_Init", bound=Callable[..., None])
-
-
-def records_explicit_keywords(init: _Init) -> _Init:
-    """Decorate an adapter's ``__init__``: ``self._explicit_keywords`` = the keywords passed.
-
-    So ``AutoCheckpoint(config=cfg, keep_last=3)`` can tell a keyword the user wrote from one
-    left at its default. ``functools.wraps`` keeps the signature visible to IDEs and
-    LightningCLI (``inspect.signature`` follows ``__wrapped__``).
-    """
-
-    @functools.wraps(init)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-        self._explicit_keywords = frozenset(kwargs)
-        init(self, *args, **kwargs)
-
-    return cast(_Init, wrapper)

@@ -41,6 +41,16 @@ def optimizer_step(model: Any) -> int:
     return int(local_value(iterations.value))
 
 
+def global_step(model: Any, backend: str) -> int:
+    """The optimizer's step count of a compiled ``model`` (on JAX without a state sync)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise RuntimeError("AutoCheckpoint needs a compiled model (model.compile(optimizer=...)).")
+    if backend == "jax":
+        return optimizer_step(model)
+    return int(optimizer.iterations.numpy())
+
+
 def local_value(value: Any) -> Any:
     """``value`` itself, or, for a ``jax.Array`` that spans other processes' devices too, its
     copy on this process's first device (a replicated array's whole value).

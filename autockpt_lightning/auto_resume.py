@@ -35,7 +35,6 @@ from autockpt_core.persist.storage import download
 from . import resume as _resume
 from .distributed import LightningRanks, raise_if_any_failed
 
-FINAL_REASON = "end of training"
 CONTINUES_EXACTLY = "continues_exactly"
 """Manifest meta of a final checkpoint: False when Lightning cannot continue from it exactly."""
 

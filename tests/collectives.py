@@ -2,14 +2,17 @@
 
 :class:`ThreadGather` is an all-gather for ``count`` threads (each calls it with its own value,
 all get every value in index order); :func:`on_threads` runs one function per index at once
-and returns what each returned or raised.
+and returns what each returned or raised; :class:`ThreadGroup` is a core ``ProcessGroup`` whose
+collectives run over a :class:`ThreadGather`.
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from autockpt_core.policy.process_group import ProcessGroup
 
 
 class ThreadGather:
@@ -39,3 +42,16 @@ def on_threads(count: int, fn: Callable[[int], Any]) -> list[Any]:
 
     with ThreadPoolExecutor(count) as pool:
         return list(pool.map(call, range(count)))
+
+
+class ThreadGroup(ProcessGroup):
+    """Process ``index`` of ``gather.count``, its collectives over :class:`ThreadGather`."""
+
+    def __init__(self, index: int, gather: ThreadGather) -> None:
+        self.index, self.count, self.gather = index, gather.count, gather
+
+    def max_over_processes(self, numbers: Sequence[float]) -> list[float]:
+        return [max(column) for column in zip(*self.gather(self.index, list(numbers)))]
+
+    def text_from(self, source: int, text: str) -> str:
+        return str(self.gather(self.index, text)[source])

@@ -246,8 +246,9 @@ def run_train(job: Job) -> None:
 
     if name in ("autockpt", "autockpt-budget"):
         auto = make_autockpt(method, d, resume=False)
-        timed(auto, "_save", lambda s, args, out: timeline.checkpoint(int(args[0])),
-              before=lambda step, *a, **k: starts.__setitem__(int(step), time.perf_counter()))
+        # the adapter's take(due), which the driver calls for every checkpoint
+        timed(auto, "_take", lambda s, args, out: timeline.checkpoint(args[0].step),
+              before=lambda due, *a, **k: starts.__setitem__(due.step, time.perf_counter()))
         callbacks.append(auto)
         hooks.append((auto, ["on_train_batch_end", "on_epoch_begin"]))
 
@@ -488,7 +489,7 @@ def run_goodput(job: Job, log: EventLog) -> None:
         callbacks.append(cb)
     elif name in ("autockpt", "autockpt-budget", "autockpt-mtbf"):
         auto = make_autockpt({**method, "name": "autockpt" if name == "autockpt" else "autockpt-budget"}, d, resume=True)
-        timed(auto, "_save", checkpoint_event(lambda args: int(args[0])))
+        timed(auto, "_take", checkpoint_event(lambda args: args[0].step))
         callbacks.append(auto)
     elif name != "none":
         raise ValueError(f"unknown goodput method {name!r}; use one of {', '.join(GOODPUT_METHODS)}")

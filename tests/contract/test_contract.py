@@ -2,14 +2,18 @@
 
 Every test runs once per adapter ("lightning", "keras" on its default TensorFlow backend) on a
 tiny in-process fit from tests/contract/fits.py (5 batches of 8 per epoch), or, for signals, on
-the fault-harness scripts of tests/fault/ in real processes. Where the adapters differ today in a
+the fault-harness scripts of tests/fault/ in real processes, and, for one process failing, on two
+real processes (Lightning DDP over gloo, Keras on JAX under jax.distributed). Where the adapters differ today in a
 way that looks like a bug, that adapter's case is a strict xfail whose reason begins "drift:".
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from autockpt_core import read_manifest, storage_for
 from tests.contract.fits import ADAPTERS
 from tests.fault import harness
 
+REPO = Path(__file__).resolve().parents[2]
 BATCHES = 5  # per epoch: step 5 is the last batch of epoch 0, step 10 that of epoch 1
 
 
@@ -211,6 +216,57 @@ def test_a_checkpoint_due_at_the_last_step_is_taken_without_save_on_train_end(tm
     )
     assert result.end_step == 10
     assert steps(dirpath)[-1] == 10, steps(dirpath)
+
+
+# -- 7. one process failing: every process stops with its message ------------------------------------
+
+
+def _lightning_ddp_persist_error(tmp_path: Path) -> tuple[int, str, str, str]:
+    """DDP on two gloo ranks (tests/fault/lightning_ddp_script.py): rank 0's writes fail from the
+    second checkpoint on. Each rank reports in its own result file."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fault.lightning_ddp_script", str(tmp_path), "30", "persist-error"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+    )  # fmt: skip
+    reports = [tmp_path / f"result-rank{rank}.txt" for rank in (0, 1)]
+    first, second = (r.read_text() if r.exists() else "" for r in reports)
+    return proc.returncode, first, second, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _keras_jax_persist_error(tmp_path: Path) -> tuple[int, str, str, str]:
+    """Keras on JAX over two processes (jax.distributed, tests/fault/keras_script.py): process
+    0's second checkpoint write fails. Both processes print to the one output."""
+    pytest.importorskip("jax")
+    args = ["--backend", "jax", "--strategy", "jaxdist", "--inputs", "arrays", "--val", "--epochs", "3", "--every", "2"]
+    plan = {"phase": "persist", "nth": 2, "action": "enospc"}
+    command = [sys.executable, "-m", "tests.fault.keras_script"]
+    attempt = harness.run_once(command, tmp_path / "ck", tmp_path / "w.npz", plan, extra_args=args)
+    return attempt.returncode, attempt.output, attempt.output, attempt.output[-3000:]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "adapter, run, member, first_step",
+    [
+        pytest.param("lightning", _lightning_ddp_persist_error, "rank", 5, id="lightning"),
+        pytest.param("keras", _keras_jax_persist_error, "process", 2, id="keras"),
+    ],
+)
+def test_a_failed_write_on_process_0_stops_every_process_with_its_message(
+    tmp_path: Path, adapter: str, run: Any, member: str, first_step: int
+) -> None:
+    """Two real processes; process 0's writes fail (ENOSPC) from its second checkpoint on. Neither
+    hangs: process 0 raises its CheckpointWriteError, the other a PeerFailedError with its message,
+    and the first checkpoint stays the newest, with nothing of the failed one left."""
+    code, first, second, report = run(tmp_path)
+    assert code != 0, report
+    assert "CheckpointWriteError" in first and "No space left on device" in first, report
+    expected = f"PeerFailedError: autockpt: {member} 0 stopped training, so every {member} stops: CheckpointWriteError"
+    assert expected in second, second[-3000:]
+    assert steps(tmp_path / "ck") == [first_step], report
+    assert not list((tmp_path / "ck").glob(".autockpt-tmp*"))
+    assert not (tmp_path / "w.npz").exists()  # training did not finish
 
 
 # -- the manifest's epoch --------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from autockpt_core import (
     WriteResult,
     read_manifest,
 )
-from autockpt_core.config import CONFIG_DEFAULTS
+from autockpt_core.callback_settings import CONFIG_DEFAULTS
 from autockpt_core.persist.storage import storage_for
 from autockpt_lightning import AutoCheckpoint, latest_checkpoint
 from tests.faults import FailingStorage

@@ -4,27 +4,12 @@ callers (threads standing in for processes)."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import pytest
 
 from autockpt_core.policy.agreement import Agreement
 from autockpt_core.policy.process_group import AGREED, PeerFailedError, ProcessGroup
 from autockpt_core.policy.rank_timing import RankTimes
-from tests.collectives import ThreadGather, on_threads
-
-
-class ThreadGroup(ProcessGroup):
-    """Process ``index`` of ``gather.count``, its collectives over :class:`ThreadGather`."""
-
-    def __init__(self, index: int, gather: ThreadGather) -> None:
-        self.index, self.count, self.gather = index, gather.count, gather
-
-    def max_over_processes(self, numbers: Sequence[float]) -> list[float]:
-        return [max(column) for column in zip(*self.gather(self.index, list(numbers)))]
-
-    def text_from(self, source: int, text: str) -> str:
-        return str(self.gather(self.index, text)[source])
+from tests.collectives import ThreadGather, ThreadGroup, on_threads
 
 
 def test_one_process_raises_its_own_error_and_passes_without_one() -> None:

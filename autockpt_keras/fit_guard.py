@@ -1,0 +1,67 @@
+"""The running ``fit()``, watched from outside its hooks: signal handlers and the session.
+
+Keras calls no hook when ``fit()`` raises in a step or in another callback. :class:`FitGuard`
+holds the running ``fit()``'s frame (:mod:`autockpt_keras.fit_frame`) for two things that must
+not outlive it: the preemption handler, which hands a signal to the previous handler once that
+frame is gone, and a :class:`~autockpt_keras.fit_watch.FitWatch`, which releases the session
+then.
+
+Call order (training thread): ``FitGuard(signals)`` in ``on_train_begin`` (its ``preemption``
+goes to the driver), ``start(model, on_gone)`` once the checkpoint is restored,
+``stop_watch()`` when ``fit()`` ends through ``on_train_end``, ``stop_signals()`` when it ends
+either way. The handler's check runs in the signal handler (main thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from types import FrameType
+from typing import Any, Callable, Sequence
+
+from autockpt_core import PreemptionHandler
+
+from .fit_frame import find_fit_frame, is_on_stack
+from .fit_watch import FitWatch
+
+__all__ = ["FitGuard"]
+
+
+class FitGuard:
+    """One ``fit()``'s frame, its preemption handler (None without ``signals``) and its watch."""
+
+    def __init__(self, signals: Sequence[str]) -> None:
+        self._frame: FrameType | None = None
+        self._watch: FitWatch | None = None
+        self.preemption = PreemptionHandler(tuple(signals), alive=self._running) if signals else None
+
+    def start(self, model: Any, on_gone: Callable[[], None] | None) -> None:
+        """Find ``fit()``'s frame, watch it (``on_gone``: called once it is gone without
+        ``on_train_end``; None: no watch) and install the handlers."""
+        self._frame = find_fit_frame(model)
+        if self._frame is not None and on_gone is not None:
+            self._watch = FitWatch(self._frame, threading.get_ident(), on_gone)
+            self._watch.start()
+        if self.preemption is not None:
+            self.preemption.install()
+
+    def stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def stop_signals(self) -> None:
+        if self.preemption is not None:
+            self.preemption.uninstall()
+        self._frame = None
+
+    def stop(self) -> None:
+        self.stop_watch()
+        self.stop_signals()
+
+    def _running(self, frame: FrameType | None) -> bool:
+        """In the signal handler: whether the ``fit()`` this guard serves is on the stack."""
+        fit_frame = self._frame
+        if fit_frame is None or is_on_stack(fit_frame, frame):
+            return True  # its frame was not found at on_train_begin: it is taken to be running
+        self._frame = None
+        return False

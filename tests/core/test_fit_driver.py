@@ -1,0 +1,434 @@
+"""FitDriver: the cross-process protocol of one fit(), on fake sessions, with threads standing in
+for processes (tests/collectives.py). No framework: every input is a value or a callable."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autockpt_core import Config, Preempted, RunSummary
+from autockpt_core.checkpoint_event import CheckpointEvent
+from autockpt_core.fit_driver import FINAL_REASON, Due, FitDriver
+from autockpt_core.persist import CheckpointRecord
+from autockpt_core.policy.decision import Decision
+from autockpt_core.policy.process_group import PeerFailedError, ProcessGroup
+from tests.collectives import ThreadGather, ThreadGroup, on_threads
+
+TERM = int(signal.SIGTERM)
+
+
+class FakeWriter:
+    last_record = None
+
+    def wait(self) -> None:
+        pass
+
+
+class FakeSession:
+    """Decides to save at the steps in ``due`` (step → reason); records what the driver did."""
+
+    def __init__(self, config: Config, due: dict[int, str] | None = None, fail_at: int | None = None) -> None:
+        self.config = config
+        self.due = due or {}
+        self.fail_at = fail_at
+        self.started: list[int] = []
+        self.losses: list[float | None] = []
+        self.finished = 0
+        self.finish_error: Exception | None = None
+        self.record: CheckpointRecord | None = None
+        self.writer = FakeWriter()
+        self.storage = None
+        self.mirror = None
+        self.last_decision: Decision | None = None
+
+    def start(self, step: int) -> None:
+        self.started.append(step)
+
+    def step_end(self, step: int, loss: float | None = None) -> Decision:
+        if step == self.fail_at:
+            raise OSError(f"disk full at step {step}")
+        self.losses.append(loss)
+        reason = self.due.get(step)
+        self.last_decision = Decision(save=reason is not None, reason=reason or "")
+        return self.last_decision
+
+    def combine_ranks(self, slowest: Any) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {"autockpt/checkpoints": 0.0}
+
+    def resume_record(self) -> CheckpointRecord | None:
+        return self.record
+
+    def finish(self) -> RunSummary:
+        self.finished += 1
+        if self.finish_error is not None:
+            raise self.finish_error
+        return RunSummary("fake", 0, None, None, None, 0.02, None, None, None, None)
+
+
+class FakeSignal:
+    """What the driver reads of a PreemptionHandler: ``signum`` and ``clear()``."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        self.signum = signum
+
+    def clear(self) -> None:
+        self.signum = None
+
+
+class Taker:
+    """The adapter's ``take``: records every Due; ``fail``: raise on these steps."""
+
+    def __init__(self, fail: tuple[int, ...] = ()) -> None:
+        self.dues: list[Due] = []
+        self.fail = fail
+
+    def __call__(self, due: Due) -> CheckpointEvent | None:
+        if due.step in self.fail:
+            raise MemoryError(f"no room for the buffers at step {due.step}")
+        self.dues.append(due)
+        return CheckpointEvent(due.step, 0, due.reason, None, None, 0.0, 0)
+
+    @property
+    def taken(self) -> list[tuple[int, str]]:
+        return [(d.step, d.reason) for d in self.dues]
+
+
+def make(
+    tmp_path: Path,
+    due: dict[int, str] | None = None,
+    *,
+    group: ProcessGroup | None = None,
+    writes: bool = True,
+    signum: int | None = None,
+    on_preempt: str = "exit",
+    signals_wait: bool = False,
+    save_on_train_end: bool = True,
+    verbose: bool = False,
+    fail_take: tuple[int, ...] = (),
+) -> tuple[FitDriver, FakeSession, Taker, FakeSignal]:
+    config = Config(dirpath=str(tmp_path), on_preempt=on_preempt, verbose=verbose)
+    session = FakeSession(config, due)
+    taker = Taker(fail_take)
+    handler = FakeSignal(signum)
+    driver = FitDriver(
+        config, group or ProcessGroup(), session if writes else None, taker,  # type: ignore[arg-type]
+        save_on_train_end=save_on_train_end, preemption=handler, signals_wait=signals_wait,  # type: ignore[arg-type]
+        nothing_left=lambda: "autockpt: nothing left to train",
+    )  # fmt: skip
+    return driver, session, taker, handler
+
+
+def run_steps(driver: FitDriver, steps: range, unclean: tuple[int, ...] = (), losses: dict[int, float] | None = None) -> None:
+    for step in steps:
+        driver.step_end(step, loss=(losses or {}).get(step, 1.0), unclean=step in unclean)
+
+
+# -- one process: decisions, deferral, the final checkpoint --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "due, unclean, expected",
+    [
+        ({3: "interval"}, (), [(3, "interval")]),
+        ({3: "interval", 6: "interval"}, (), [(3, "interval"), (6, "interval")]),
+        # due at an unclean boundary: the next step, saying so
+        ({3: "interval"}, (3,), [(4, "interval (deferred from step 3)")]),
+        # deferred once only: the next boundary takes it even when unclean too
+        ({3: "interval"}, (3, 4), [(4, "interval (deferred from step 3)")]),
+        # the next step was due anyway: its own reason
+        ({3: "interval", 4: "budget"}, (3,), [(4, "budget")]),
+        # unclean with nothing due: nothing happens
+        ({}, (2, 3), []),
+    ],
+)
+def test_step_end_takes_what_is_due_and_defers_it_past_an_unclean_boundary(
+    tmp_path: Path, due: dict[int, str], unclean: tuple[int, ...], expected: list[tuple[int, str]]
+) -> None:
+    driver, _, taker, _ = make(tmp_path, due, save_on_train_end=False)
+    driver.begin(0)
+    run_steps(driver, range(1, 7), unclean)
+    assert taker.taken == expected
+    assert [e.step for e in driver.events] == [s for s, _ in expected]
+
+
+def test_a_deferral_taken_at_a_boundary_keeps_its_reason_and_step(tmp_path: Path) -> None:
+    """Keras: due at an epoch's last batch (step 5), taken at the next epoch's start."""
+    driver, _, taker, _ = make(tmp_path, {5: "interval"})
+    driver.begin(0)
+    run_steps(driver, range(1, 6), unclean=(5,))
+    assert taker.taken == []
+    driver.boundary(5)
+    assert taker.taken == [(5, "interval")] and driver.saved_step == 5
+    driver.boundary(5)  # nothing pending any more
+    assert len(taker.dues) == 1
+
+
+@pytest.mark.parametrize(
+    "save_on_train_end, due, unclean, end_step, losses, expected",
+    [
+        (True, {3: "interval"}, (), 5, {}, [(3, "interval"), (5, FINAL_REASON)]),
+        (True, {5: "interval"}, (), 5, {}, [(5, "interval")]),  # the newest holds this step
+        (False, {3: "interval"}, (), 5, {}, [(3, "interval")]),
+        # a deferral still pending at the end is taken, with its reason (save_on_train_end=False)
+        (False, {5: "interval"}, (5,), 5, {}, [(5, "interval")]),
+        (True, {5: "interval"}, (5,), 5, {}, [(5, FINAL_REASON)]),
+        (True, {3: "interval"}, (), 5, {5: math.nan}, [(3, "interval")]),  # not finite: none
+        (True, {3: "interval"}, (), 5, {5: math.inf}, [(3, "interval")]),
+    ],
+)
+def test_final_checkpoint(
+    tmp_path: Path,
+    save_on_train_end: bool,
+    due: dict[int, str],
+    unclean: tuple[int, ...],
+    end_step: int,
+    losses: dict[int, float],
+    expected: list[tuple[int, str]],
+) -> None:
+    driver, _, taker, _ = make(tmp_path, due, save_on_train_end=save_on_train_end)
+    driver.begin(0)
+    run_steps(driver, range(1, end_step + 1), unclean, losses)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        driver.final(end_step)
+    assert taker.taken == expected
+    nonfinite = [str(w.message) for w in caught if "no final checkpoint" in str(w.message)]
+    assert len(nonfinite) == (1 if losses else 0)
+    if losses:
+        assert nonfinite[0].endswith("the newest checkpoint stays step 3")
+
+
+def test_final_checkpoint_records_whether_a_run_continues_exactly(tmp_path: Path) -> None:
+    driver, _, taker, _ = make(tmp_path)
+    driver.begin(0)
+    run_steps(driver, range(1, 4))
+    driver.final(3, unclean=True)
+    assert taker.dues == [Due(3, FINAL_REASON, final=True, exact=False)]
+
+
+def test_nothing_trained_takes_no_final_checkpoint_and_says_nothing_was_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    driver, session, taker, _ = make(tmp_path, verbose=True)
+    driver.resumed(40)
+    driver.begin(40)
+    driver.final(40)
+    driver.finish()
+    driver.finish()  # once per fit
+    assert taker.dues == [] and session.finished == 1
+    assert capsys.readouterr().out == "autockpt: nothing left to train\n"
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "signals_wait, unclean, expected",
+    [
+        (False, (), [(3, "preempted by SIGTERM")]),
+        (True, (), [(3, "preempted by SIGTERM")]),
+        (False, (3,), [(3, "preempted by SIGTERM")]),  # Keras: a signal checkpoints at once
+        (True, (3,), [(4, "preempted by SIGTERM")]),  # Lightning: it waits for a clean step
+    ],
+)
+def test_a_signal_commits_a_checkpoint_of_its_step_then_exits(
+    tmp_path: Path, signals_wait: bool, unclean: tuple[int, ...], expected: list[tuple[int, str]]
+) -> None:
+    driver, _, taker, handler = make(tmp_path, signals_wait=signals_wait)
+    driver.begin(0)
+    run_steps(driver, range(1, 3))
+    handler.signum = TERM
+    with pytest.raises(Preempted) as stopped:
+        run_steps(driver, range(3, 6), unclean)
+    assert taker.taken == expected
+    assert (stopped.value.signum, stopped.value.step) == (TERM, expected[0][0])
+    assert driver.preempted is not None and driver.preempted.step == expected[0][0]
+
+
+def test_a_signal_at_a_due_checkpoint_takes_one_checkpoint(tmp_path: Path) -> None:
+    driver, _, taker, handler = make(tmp_path, {3: "interval"})
+    driver.begin(0)
+    run_steps(driver, range(1, 3))
+    handler.signum = TERM
+    with pytest.raises(Preempted):
+        driver.step_end(3, loss=1.0)
+    assert taker.taken == [(3, "interval")]
+
+
+def test_on_preempt_continue_clears_the_signal_and_trains_on(tmp_path: Path) -> None:
+    driver, _, taker, handler = make(tmp_path, on_preempt="continue")
+    driver.begin(0)
+    handler.signum = TERM
+    run_steps(driver, range(1, 5))
+    assert taker.taken == [(1, "preempted by SIGTERM")] and handler.signum is None
+
+
+@pytest.mark.parametrize(
+    "trained, resumed, expected",
+    [
+        (False, None, []),  # nothing trained: nothing to save
+        (False, 7, []),  # the resumed checkpoint holds this step
+        (True, None, [(2, "preempted by SIGTERM")]),
+    ],
+)
+def test_a_signal_at_a_boundary(tmp_path: Path, trained: bool, resumed: int | None, expected: list[Any]) -> None:
+    driver, _, taker, handler = make(tmp_path)
+    if resumed is not None:
+        driver.resumed(resumed)
+    driver.begin(resumed or 0)
+    if trained:
+        run_steps(driver, range(1, 3))
+    handler.signum = TERM
+    with pytest.raises(Preempted):
+        driver.boundary(resumed or (2 if trained else 0))
+    assert taker.taken == expected
+
+
+def test_a_signal_after_the_last_step_ends_the_run_after_finish(tmp_path: Path) -> None:
+    driver, session, taker, handler = make(tmp_path)
+    driver.begin(0)
+    run_steps(driver, range(1, 4))
+    driver.final(3)
+    handler.signum = TERM
+    driver.finish()
+    with pytest.raises(Preempted) as stopped:
+        driver.end(3)
+    assert stopped.value.step == 3 and taker.taken == [(3, FINAL_REASON)] and session.finished == 1
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+
+def test_a_session_error_at_a_step_is_raised(tmp_path: Path) -> None:
+    driver, session, _, _ = make(tmp_path)
+    session.fail_at = 2
+    driver.begin(0)
+    with pytest.raises(OSError, match="disk full at step 2"):
+        run_steps(driver, range(1, 4))
+
+
+def test_abandon_logs_the_persist_error_and_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    driver, session, _, _ = make(tmp_path)
+    session.finish_error = OSError("the last persist failed")
+    driver.begin(0)
+    with caplog.at_level(logging.ERROR, logger="autockpt"):
+        driver.abandon()
+        driver.abandon()
+    driver.finish()  # after abandon: nothing
+    assert session.finished == 1
+    assert "the last persist failed" in caplog.text
+
+
+def test_finish_raises_the_last_persist_error(tmp_path: Path) -> None:
+    driver, session, _, _ = make(tmp_path)
+    session.finish_error = OSError("the last persist failed")
+    driver.begin(0)
+    with pytest.raises(OSError, match="the last persist failed"):
+        driver.finish()
+
+
+# -- several processes (threads) -------------------------------------------------------------------
+
+
+def drivers(tmp_path: Path, count: int, **kwargs: Any) -> list[tuple[FitDriver, FakeSession, Taker, FakeSignal]]:
+    gather = ThreadGather(count)
+    return [make(tmp_path, group=ThreadGroup(i, gather), writes=i == 0, **kwargs) for i in range(count)]
+
+
+def test_process_0_decides_and_every_process_takes_the_checkpoint(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 3, due={2: "interval"})
+
+    def fit(i: int) -> list[tuple[int, str]]:
+        driver, _, taker, _ = fits[i]
+        driver.begin(0)
+        run_steps(driver, range(1, 4), unclean=(2,) if i == 0 else ())  # process 0's view counts
+        driver.final(3)
+        driver.finish()
+        return taker.taken
+
+    results = on_threads(3, fit)
+    # the reason is process 0's: it decides
+    assert results == [[(3, "interval (deferred from step 2)")], [(3, "")], [(3, "")]]
+    assert [len(f[0].events) for f in fits] == [1, 1, 1]  # every Taker returned an event here
+
+
+def test_a_signal_on_one_process_stops_every_process_at_the_same_step(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 2)
+
+    def fit(i: int) -> Any:
+        driver, _, taker, handler = fits[i]
+        driver.begin(0)
+        for step in range(1, 6):
+            if i == 1 and step == 3:
+                handler.signum = TERM
+            driver.step_end(step, loss=1.0)
+        return taker.taken
+
+    results = on_threads(2, fit)
+    assert all(isinstance(r, Preempted) and r.step == 3 for r in results), results
+    assert [f[2].taken for f in fits] == [[(3, "preempted by SIGTERM")]] * 2
+
+
+def test_one_process_failing_in_a_checkpoint_stops_every_process(tmp_path: Path) -> None:
+    gather = ThreadGather(2)
+    fits = [
+        make(tmp_path, {2: "interval"}, group=ThreadGroup(0, gather), writes=True),
+        make(tmp_path, {2: "interval"}, group=ThreadGroup(1, gather), writes=False, fail_take=(2,)),
+    ]
+
+    def fit(i: int) -> Any:
+        driver = fits[i][0]
+        driver.begin(0)
+        run_steps(driver, range(1, 4))
+
+    results = on_threads(2, fit)
+    assert isinstance(results[1], MemoryError)
+    assert isinstance(results[0], PeerFailedError)
+    assert "process 1 stopped training" in str(results[0]) and "no room for the buffers" in str(results[0])
+
+
+def test_a_session_error_on_process_0_stops_every_process(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 2)
+    fits[0][1].fail_at = 2
+
+    def fit(i: int) -> Any:
+        driver = fits[i][0]
+        driver.begin(0)
+        run_steps(driver, range(1, 4))
+
+    results = on_threads(2, fit)
+    assert isinstance(results[0], OSError) and isinstance(results[1], PeerFailedError)
+    assert "disk full at step 2" in str(results[1])
+
+
+def test_the_resume_record_process_0_picks_reaches_every_process(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 3)
+    record = CheckpointRecord(
+        name="ckpt-step42.ckpt", step=42, epoch=1, created=1.0, size=10, checksum="0", algorithm="crc32", framework="fake"
+    )
+    fits[0][1].record = record
+    results = on_threads(3, lambda i: fits[i][0].resume_record())
+    assert [r.step if isinstance(r, CheckpointRecord) else r for r in results] == [42, 42, 42]
+
+
+def test_a_failure_in_the_last_persist_is_raised_on_every_process(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 2)
+    fits[0][1].finish_error = OSError("the last persist failed")
+
+    def fit(i: int) -> Any:
+        driver = fits[i][0]
+        driver.begin(0)
+        run_steps(driver, range(1, 3))
+        driver.finish()
+
+    results = on_threads(2, fit)
+    assert isinstance(results[0], OSError) and isinstance(results[1], PeerFailedError)
