@@ -4,10 +4,11 @@ A Keras job on the JAX backend may span several processes (``jax.distributed``, 
 ``keras.distribution.DataParallel`` over every process's devices). Only process 0 runs the
 checkpoint session, decides and writes; every process must still do the same thing at each
 step boundary. The rules are the core's
-(:class:`~autockpt_core.policy.process_group.ProcessGroup`, shared with Lightning's ranks):
+(:class:`~autockpt_core.policy.process_group.ProcessGroup`, shared with Lightning's ranks), and
+the core's :class:`~autockpt_core.fit_driver.FitDriver` applies them:
 
-- ``agree``: once per step (and at an epoch's start and at the end of training): process 0's
-  decision, any process's signal or failure, the slowest process's step times;
+- ``settle``/``agree``: once per step (and at an epoch's start and at the end of training):
+  process 0's decision, any process's signal or failure, the slowest process's step times;
 - ``raise_if_any_failed``: after a step that can fail on one process only, every process
   raises, so none is left waiting in a collective (or in the next training step's all-reduce)
   for one that stopped.

@@ -2,8 +2,8 @@
 
 Call order (training thread, every rank):
 
-1. ``load_newest(trainer, session, verbose)`` in ``on_fit_start``: rank 0 finds the newest
-   valid checkpoint, the path is broadcast, and every rank loads modules and callbacks from it
+1. ``load_newest(trainer, driver, storage, verbose)`` in ``on_fit_start``: rank 0 finds the
+   newest valid checkpoint (``FitDriver.resume_record``: every rank gets it), and every rank loads modules and callbacks from it
    through Lightning's checkpoint connector, so Lightning itself then restores loops,
    optimizers, schedulers and precision state. The callback's own entry reaches it through
    ``load_state_dict``.
@@ -29,6 +29,7 @@ import torch
 from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarning
 from autockpt_core.agreed_check import AgreedCheck
 from autockpt_core.config import path_of_location
+from autockpt_core.fit_driver import FitDriver
 from autockpt_core.persist import CheckpointRecord, Storage, location_of
 from autockpt_core.persist.storage import download
 
@@ -37,25 +38,29 @@ from .distributed import LightningRanks, raise_if_any_failed
 
 CONTINUES_EXACTLY = "continues_exactly"
 """Manifest meta of a final checkpoint: False when Lightning cannot continue from it exactly."""
+EPOCHS_DONE = "epochs_done"
+"""Manifest meta: ``trainer.current_epoch`` when the checkpoint was taken, the epochs the fit had
+completed (the record's ``epoch`` is the 0-based epoch its step was trained in)."""
 
 
 def load_newest(
     trainer: pl.Trainer,
-    session: CheckpointSession | None,
+    driver: FitDriver,
+    storage: Storage,
     verbose: bool,
     storage_options: Mapping[str, Any] | None = None,
     allow_pickle: bool = False,
-    sharded: Storage | None = None,
+    sharded: bool = False,
 ) -> int | None:
     """Restore modules and callbacks from the newest valid checkpoint; returns its step (every rank).
 
-    ``session`` is None on the ranks other than 0; they load the path rank 0 broadcasts. A
-    checkpoint under a URL (object storage) is first downloaded once per node (:func:`node_copy`). An
-    error on any rank (an unreadable manifest, a locked or unwritable dirpath, a checkpoint
-    that does not fit the model) is raised on every rank.
-    Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer already trained.
-    The file is loaded weights only (:func:`untrusted_load_error` explains a refusal), unless
-    ``allow_pickle`` (``Config.allow_pickle``). ``sharded``: ``dirpath``, when every rank wrote
+    Rank 0 picks the checkpoint through ``driver.resume_record`` (every rank gets its record; an
+    error picking it is raised on every rank); every rank loads it from ``storage`` (``dirpath``'s).
+    A checkpoint under a URL (object storage) is first downloaded once per node (:func:`node_copy`).
+    An error on any rank (a checkpoint that does not fit the model, an unreadable file) is
+    raised on every rank. Nothing is loaded when ``fit()`` got a ``ckpt_path`` or the trainer
+    already trained. The file is loaded weights only (:func:`untrusted_load_error` explains a
+    refusal), unless ``allow_pickle`` (``Config.allow_pickle``). ``sharded``: every rank wrote
     the checkpoints (a sharded model): every rank then verifies its own files of each candidate
     (:class:`~autockpt_core.agreed_check.AgreedCheck`).
     """
@@ -76,36 +81,29 @@ def load_newest(
     connector = trainer._checkpoint_connector
     if connector._loaded_checkpoint or trainer.global_step > 0:
         return None
-    path: str | None = None
-    resumed: int | None = None
-    error: BaseException | None = None
-    agreed = AgreedCheck(LightningRanks(trainer), sharded) if sharded is not None and trainer.world_size > 1 else None
-    if session is None and agreed is not None:
+    agreed = AgreedCheck(LightningRanks(trainer), storage) if sharded and trainer.world_size > 1 else None
+    if driver.session is None and agreed is not None:
         agreed.follow()  # rank 0's checks of each candidate's files, this rank's share
-    if session is not None:
+
+    def pick(session: CheckpointSession) -> CheckpointRecord | None:
         check = agreed.check if agreed is not None else None
         try:
             record = session.resume_record(check=check)
             if record is not None and not record.meta.get(CONTINUES_EXACTLY, True) and _more_to_train(trainer, record):
                 record = _before_final(session, record, verbose, check)
-        except Exception as exc:  # every rank raises it (raise_if_any_failed), none waits for rank 0
-            error = exc
-        else:
-            if record is not None:
-                path = location_of(session.storage, record.name)
-                resumed = record.step
-                if verbose:
-                    mirror = session.mirror
-                    source = f" (copied from the mirror {mirror.location})" if session.copied_from_mirror and mirror else ""
-                    print(f"autockpt: resuming from step {record.step}: {path}{source}", flush=True)
         finally:
             if agreed is not None:
                 agreed.done()
-    raise_if_any_failed(trainer, error)
-    if trainer.world_size > 1:
-        path, resumed = trainer.strategy.broadcast((path, resumed), src=0)
-    if path is None:
-        return resumed
+        if record is not None and verbose:
+            mirror = session.mirror
+            source = f" (copied from the mirror {mirror.location})" if session.copied_from_mirror and mirror else ""
+            print(f"autockpt: resuming from step {record.step}: {location_of(storage, record.name)}{source}", flush=True)
+        return record
+
+    record = driver.resume_record(pick)
+    if record is None:
+        return None
+    path = location_of(storage, record.name)
     # The manifest's CRC-32 finds torn and corrupted files, not forged ones: whoever can write
     # dirpath (or the mirror) can write a valid record too. So the file is loaded weights only.
     local, copied = node_copy(trainer, path, storage_options)
@@ -131,7 +129,7 @@ def load_newest(
         if copied:  # every rank of this node has loaded it (the agreement above is a collective)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(local)
-    return resumed
+    return record.step
 
 
 def node_copy(trainer: pl.Trainer, path: str, storage_options: Mapping[str, Any] | None) -> tuple[str, bool]:
@@ -187,11 +185,13 @@ def untrusted_load_error(local: str, path: str, exc: BaseException) -> Untrusted
 
 
 def _more_to_train(trainer: pl.Trainer, record: CheckpointRecord) -> bool:
-    """Whether this fit's limits go beyond the checkpoint (its step, the epochs it completed)."""
+    """Whether this fit's limits go beyond the checkpoint (its step, the epochs it completed;
+    checkpoints written without ``EPOCHS_DONE`` recorded that count as their ``epoch``)."""
     max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
     if max_steps is not None and max_steps >= 0 and record.step >= max_steps:
         return False
-    return not (max_epochs is not None and max_epochs >= 0 and (record.epoch or 0) >= max_epochs)
+    done = int(record.meta.get(EPOCHS_DONE, record.epoch or 0))
+    return not (max_epochs is not None and max_epochs >= 0 and done >= max_epochs)
 
 
 def _before_final(

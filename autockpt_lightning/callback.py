@@ -60,7 +60,7 @@ from autockpt_torch.process_write import WRITE_RECORDS, portable_tree_write
 from autockpt_torch.staging import optimizer_owned
 
 from . import resume as _resume
-from .auto_resume import CONTINUES_EXACTLY, apply_exact_state, load_newest
+from .auto_resume import CONTINUES_EXACTLY, EPOCHS_DONE, apply_exact_state, load_newest
 from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import LightningRanks, check_strategy, warn_if_slurm_requeue
@@ -118,6 +118,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._rng_for_save: dict[int, dict[str, Any]] | None = None
         self._preemption: PreemptionHandler | None = None
         self._last_step: int | None = None
+        self._step_epoch: int | None = None  # the 0-based epoch the last optimizer step was trained in
         self._warned_loaders = False
         self._hidden_lightning_warning: tuple[Any, ...] | None = None
 
@@ -150,12 +151,12 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             publish=self._publish, drain=self._drain, nothing_left=self._nothing_left,
         )  # fmt: skip
         if self.config.resume:
-            sharded = None  # every rank verifies its own files of a sharded checkpoint
-            if self._sharded is not None:
-                sharded = self._storage or storage_for(self.config.dirpath)
+            config = self.config
+            storage = self._session.storage if self._session is not None else None
+            storage = storage or self._storage or storage_for(config.dirpath, config.storage_options)
             resumed = load_newest(
-                trainer, self._session, self.config.verbose, self.config.storage_options, self.config.allow_pickle,
-                sharded=sharded,
+                trainer, driver, storage, config.verbose, config.storage_options, config.allow_pickle,
+                sharded=self._sharded is not None,  # every rank verifies its own files of a sharded checkpoint
             )  # fmt: skip
             if resumed is not None:
                 driver.resumed(resumed)
@@ -169,6 +170,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         if hidden is not None:
             self._hidden_lightning_warning = hidden
         self._last_step = trainer.global_step
+        self._step_epoch = None
         driver.begin(trainer.global_step)
         driver.boundary(trainer.global_step)  # a signal during the resume or the sanity check
 
@@ -195,6 +197,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         if step == self._last_step:  # accumulating gradients: no optimizer step in this batch
             return
         self._last_step = step
+        self._step_epoch = trainer.current_epoch  # at train end current_epoch counts the epochs done
         driver = self._require_driver()
         writes = driver.writes
         driver.step_end(
@@ -244,10 +247,13 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
     def _take(self, due: Due) -> CheckpointEvent | None:
         """Every rank: the checkpoint of ``due.step``, with every rank's generator states."""
         trainer = self._require_trainer()
-        meta = {CONTINUES_EXACTLY: due.exact} if due.final else None
+        meta: dict[str, Any] = {EPOCHS_DONE: trainer.current_epoch}
+        if due.final:
+            meta[CONTINUES_EXACTLY] = due.exact
+        epoch = self._step_epoch if self._step_epoch is not None else trainer.current_epoch
         self._rng_for_save = _resume.gather_rng(trainer)  # read by state_dict() inside dump_checkpoint
         try:
-            return self._save(trainer, due.step, due.reason, meta)
+            return self._save(trainer, due.step, epoch, due.reason, meta)
         finally:
             self._rng_for_save = None
 
@@ -320,15 +326,15 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             self._hidden_lightning_warning = None
 
     def _save(
-        self, trainer: pl.Trainer, step: int, reason: str, meta: dict[str, Any] | None
+        self, trainer: pl.Trainer, step: int, epoch: int, reason: str, meta: dict[str, Any]
     ) -> CheckpointEvent | None:
         connector = trainer._checkpoint_connector
         session = self._session
         if self._sharded is not None:
-            taken = self._sharded.checkpoint(trainer, session, step, reason, meta)
+            taken = self._sharded.checkpoint(trainer, session, step, epoch, reason, meta)
             if session is None or taken is None:
                 return None
-            return CheckpointEvent.after_save(session, step, trainer.current_epoch, reason, *taken)
+            return CheckpointEvent.after_save(session, step, epoch, reason, *taken)
         if session is None:  # other ranks take part in the collectives of dump_checkpoint
             connector.dump_checkpoint(weights_only=False)
             return None
@@ -350,8 +356,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             portable = portable_tree_write(tree, WRITE_RECORDS)  # torch.save(tree, file) in either persist mode
             return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode, portable=portable)
 
-        stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
-        return CheckpointEvent.after_save(session, step, trainer.current_epoch, reason, stall, copied_bytes)
+        stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
+        return CheckpointEvent.after_save(session, step, epoch, reason, stall, copied_bytes)
 
     def _require_driver(self) -> FitDriver:
         if self._driver is None:

@@ -2,11 +2,11 @@
 one all-reduce per step that keeps the ranks in agreement, and the SLURM requeue check.
 
 Call order (training thread, every rank): ``check_strategy`` in ``setup("fit")``;
-``warn_if_slurm_requeue`` in ``on_fit_start``; ``LightningRanks(trainer).settle`` after every
-optimizer step, and ``.agree`` at the start of training (a signal during the resume or the
-sanity check) and at its end (the final checkpoint) when ``world_size > 1``, and
-``raise_if_any_failed`` after every step that can fail on one rank only (a checkpoint, the
-resume, the end of training). All are collectives: every rank calls them together.
+``warn_if_slurm_requeue`` in ``on_fit_start``; a ``LightningRanks(trainer)`` goes to the core's
+``FitDriver``, which calls ``settle`` after every optimizer step, ``settle``/``agree`` at the
+start and end of training, and ``raise_if_any_failed`` after every step that can fail on one
+rank only (a checkpoint, the end of training); auto-resume and sharded saves call
+``raise_if_any_failed`` themselves. All are collectives: every rank calls them together.
 
 The rules are the core's (``autockpt_core.policy.process_group``, which the Keras adapter's JAX
 processes share): the per-step agreement's numbers (rank 0's decisions, any rank's signal and
@@ -39,8 +39,8 @@ __all__ = [
 ]
 
 RankFailedError = PeerFailedError
-"""The error every other rank raises when one rank failed: the core's, shared with Keras (the
-name this module exported before)."""
+"""A second public name of the core's :class:`PeerFailedError`, which every other rank raises
+when one rank failed (Keras' processes raise the same class)."""
 
 
 def check_strategy(trainer: pl.Trainer) -> None:

@@ -127,10 +127,12 @@ class ShardedSave:
         trainer: pl.Trainer,
         session: CheckpointSession | None,
         step: int,
+        epoch: int,
         reason: str,
         meta: dict[str, Any] | None,
     ) -> tuple[float, int] | None:
-        """Take the checkpoint of ``step`` on every rank; rank 0 returns (stall, bytes), others None."""
+        """Take the checkpoint of ``step`` (trained in ``epoch``) on every rank; rank 0 returns
+        (stall, bytes), others None."""
         error: BaseException | None = None
         staging: Path | None = None
         try:
@@ -170,7 +172,7 @@ class ShardedSave:
             )
 
         try:
-            stall = session.save(step, trainer.current_epoch, snapshot, meta=meta, reason=reason)
+            stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
         except BaseException:
             if not started:  # no rank started a save into it (see _dump)
                 shutil.rmtree(path, ignore_errors=True)

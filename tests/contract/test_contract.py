@@ -3,8 +3,7 @@
 Every test runs once per adapter ("lightning", "keras" on its default TensorFlow backend) on a
 tiny in-process fit from tests/contract/fits.py (5 batches of 8 per epoch), or, for signals, on
 the fault-harness scripts of tests/fault/ in real processes, and, for one process failing, on two
-real processes (Lightning DDP over gloo, Keras on JAX under jax.distributed). Where the adapters differ today in a
-way that looks like a bug, that adapter's case is a strict xfail whose reason begins "drift:".
+real processes (Lightning DDP over gloo, Keras on JAX under jax.distributed).
 """
 
 from __future__ import annotations
@@ -25,11 +24,6 @@ from tests.fault import harness
 
 REPO = Path(__file__).resolve().parents[2]
 BATCHES = 5  # per epoch: step 5 is the last batch of epoch 0, step 10 that of epoch 1
-
-
-def drift(adapter: str, reason: str) -> Any:
-    """A parametrization of ``adapter`` whose failure is a known difference between the adapters."""
-    return pytest.param(adapter, marks=pytest.mark.xfail(strict=True, reason=f"drift: {reason}"))
 
 
 BOTH = [pytest.param("lightning", id="lightning"), pytest.param("keras", id="keras")]
@@ -273,21 +267,10 @@ def test_a_failed_write_on_process_0_stops_every_process_with_its_message(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(
-    "adapter",
-    [
-        drift(
-            "lightning",
-            "the manifest's epoch has two meanings: Lightning records trainer.current_epoch (epochs completed, "
-            "2 for the final checkpoint of a 2-epoch fit, as auto_resume._more_to_train reads it), Keras the "
-            "0-based epoch the step was trained in (1); they differ for a step that ends an epoch",
-        ),
-        pytest.param("keras", id="keras"),
-    ],
-)
+@pytest.mark.parametrize("adapter", BOTH)
 def test_each_checkpoint_records_the_epoch_its_step_was_trained_in(tmp_path: Path, adapter: str) -> None:
     """The manifest record's and the CheckpointEvent's ``epoch`` (``autockpt inspect`` shows it):
-    0-based, the epoch of the checkpoint's step, as the Keras adapter records it."""
+    0-based, the epoch of the checkpoint's step, in both adapters."""
     fits = ADAPTERS[adapter]
     dirpath = tmp_path / "ck"
     result = fits.fit(dirpath, epochs=2, every_n_steps=3, warmup_steps=0, keep_last=10, verbose=False)

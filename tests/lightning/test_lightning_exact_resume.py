@@ -312,7 +312,8 @@ def test_more_epochs_after_the_final_checkpoint_continue_bitwise_exactly(
     ckpts = str(tmp_path / "ck")
     train(ckpts, val=True, epochs=2, every=5)
     final = read_manifest(storage_for(ckpts))[-1]
-    assert (final.step, final.epoch, final.meta["continues_exactly"]) == (24, 2, False)
+    # trained in epoch 1 (0-based), after which the fit had completed 2 epochs
+    assert (final.step, final.epoch, final.meta["epochs_done"], final.meta["continues_exactly"]) == (24, 1, 2, False)
     capsys.readouterr()
     model, trainer, cb = train(ckpts, val=True, epochs=3, every=5)
     assert cb is not None and cb.resumed_from == 20
