@@ -56,6 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from autockpt_bench.workers.hooks import log_calls  # noqa: E402
+from autockpt_bench.workers.stacked_linear import StackedLinear  # noqa: E402
 from autockpt_core.units import parse_size  # noqa: E402
 
 LAYERS = 4
@@ -199,43 +201,6 @@ def track_persists() -> bool:
     return True
 
 
-def hook_timer(obj: Any, names: tuple[str, ...], log: list[tuple[float, float]]) -> None:
-    for name in names:
-        original = getattr(obj, name)
-
-        def timed_hook(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
-            start = now()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                log.append((start, now() - start))
-
-        setattr(obj, name, timed_hook)
-
-
-def make_model_class(width: int) -> Any:
-    import lightning.pytorch as pl
-
-    class Net(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            blocks: list[torch.nn.Module] = []
-            for i in range(LAYERS):
-                blocks.append(torch.nn.Linear(width, width))
-                if i < LAYERS - 1:
-                    blocks.append(torch.nn.ReLU())
-            self.net = torch.nn.Sequential(*blocks)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.Adam(self.parameters(), lr=1e-5)
-
-    return Net
-
-
 class Batches(torch.utils.data.Dataset):
     """``steps`` batches cycling through a small pool that already lives on the device."""
 
@@ -305,7 +270,7 @@ def fit(
     if auto_kwargs is not None:
         assert directory is not None
         tracked = AutoCheckpoint(str(directory), **auto_kwargs)
-        hook_timer(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
+        log_calls(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
         callbacks += [tracked, ModeLog()]
     callbacks.append(StepTimer())
 
@@ -313,7 +278,7 @@ def fit(
     pool = [(torch.randn(BATCH, width, device=device),) * 2 for _ in range(POOL)]
     loader = torch.utils.data.DataLoader(Batches(pool, steps + 1), batch_size=None, shuffle=False)
     with torch.device(device):  # parameters made on the device directly (fast at 4 GB)
-        model = make_model_class(width)()
+        model = StackedLinear(width, LAYERS, lr=1e-5)
     trainer = pl.Trainer(
         max_steps=steps, max_epochs=1, accelerator="gpu" if cuda else "cpu", devices=1, logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,

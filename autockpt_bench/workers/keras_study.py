@@ -24,10 +24,10 @@ How each figure is taken (``train``): the step ends in a callback placed after t
 at ``on_train_batch_end`` (global step = ``optimizer.iterations``); the method's hooks that may
 save (``on_train_batch_end``, and autockpt's ``on_epoch_begin`` where a checkpoint due at an
 epoch's last batch is taken) are timed with :func:`.study_common.time_hooks`; a checkpoint is
-detected by wrapping the method's save function (autockpt ``_save``, ``ModelCheckpoint`` and
+detected by wrapping the method's save function (autockpt ``_take``, ``ModelCheckpoint`` and
 ``BackupAndRestore`` ``_save_model``, ``OrbaxCheckpoint._save_checkpoint``,
 ``CheckpointManager.save``). ``save_s``: synchronous methods, the time in that function;
-autockpt, from the start of ``_save`` to the writer thread's commit callback; orbax, from
+autockpt, from the start of ``_take`` to the writer thread's commit callback; orbax, from
 the start of ``_save_checkpoint`` to the end of ``result()`` on its save future (a thread
 waits on it). After the last step the worker waits for the in-flight write (autockpt
 ``session.flush()``, orbax ``wait_until_finished()``) and ends through ``finish_train``.
@@ -44,7 +44,7 @@ its copy buffers at the first step as it always does.
 batch + 1): for autockpt it is the global step; for ``BackupAndRestore`` (which replays the
 epoch) it goes back to the epoch's start after a resume, while ``optimizer.iterations`` keeps
 counting (the ``resumed`` event has it as ``global_step``). ``blocked_s`` is the time in the
-method's save function (autockpt ``_save``: snapshot plus any wait for the previous persist).
+method's save function (autockpt ``_take``: snapshot plus any wait for the previous persist).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ import time
 
 _STARTED = time.time()  # the goodput "start" event: before Keras and TensorFlow are imported
 
-import argparse
 import math
 import os
 import sys
@@ -62,18 +61,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..study.protocol import KERAS_METHODS, EventLog, read_spec, write_json
+from ..study.protocol import KERAS_METHODS, EventLog, write_json
 from ..study.workloads import Workload, make_data
+from .hooks import wrap_call
+from .keras_methods import (
+    NEVER,
+    h5_step,
+    iterations,
+    make_autockpt,
+    make_probe,
+    make_tf_saver,
+    orbax_newest,
+    skip_reason,
+    tf_manager,
+)
 from .study_common import (
     Timeline,
     finish_restore,
     finish_train,
     path_bytes,
+    serve,
     setup_threads,
     time_hooks,
 )
 
-CASES = ("train", "restore", "goodput")
 GOODPUT_METHODS = ("none", "every-epoch", "native-every-n", "autockpt", "autockpt-budget", "autockpt-mtbf")
 FORMATS = {
     "none": None,
@@ -85,7 +96,6 @@ FORMATS = {
     "orbax": "orbax dir",
     "tf-manager": "tf checkpoint",
 }
-NEVER = 10**9  # a save frequency a restoring run never reaches
 
 
 def setup_backend(spec: dict[str, Any]) -> str:
@@ -110,93 +120,10 @@ def setup_backend(spec: dict[str, Any]) -> str:
     return backend
 
 
-def skip_reason(name: str, backend: str) -> str | None:
-    if name == "tf-manager" and backend != "tensorflow":
-        return f"tf.train.CheckpointManager needs the TensorFlow backend (KERAS_BACKEND={backend})"
-    if name == "orbax":
-        try:
-            import orbax.checkpoint  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - ImportError, or a broken jax install
-            return f"orbax-checkpoint is not importable ({type(exc).__name__}: {exc})"
-    return None
-
-
-def iterations(model: Any) -> int:
-    return int(model.optimizer.iterations.numpy())
-
-
 def weights_of(model: Any) -> list[Any]:
     import keras
 
     return [keras.ops.convert_to_numpy(v.value) for v in model.trainable_weights]
-
-
-def timed(obj: Any, name: str, after: Callable[[float, tuple[Any, ...], Any], None], before: Callable[..., None] | None = None) -> None:
-    """Wrap ``obj.name``: ``after(seconds, args, result)`` once it returns (``before(*args)`` first)."""
-    original = getattr(obj, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if before is not None:
-            before(*args, **kwargs)
-        start = time.perf_counter()
-        out = original(*args, **kwargs)
-        after(time.perf_counter() - start, args, out)
-        return out
-
-    setattr(obj, name, wrapper)
-
-
-def make_autockpt(method: dict[str, Any], directory: Path, *, resume: bool, saves: bool = True) -> Any:
-    from autockpt_keras import AutoCheckpoint
-
-    kwargs: dict[str, Any] = {"keep_last": 2, "resume": resume, "verbose": False, "save_on_train_end": False, "signals": ()}
-    if not saves:
-        kwargs["every_n_steps"] = NEVER
-    elif method["name"] == "autockpt":
-        kwargs["every_n_steps"] = int(method["every"])
-    else:
-        kwargs["overhead_budget"] = method["budget"]
-        if method.get("mtbf_s") is not None:
-            kwargs["mtbf"] = method["mtbf_s"]
-    return AutoCheckpoint(str(directory), **kwargs)
-
-
-def make_probe(model: Any, spe: int, on_step: Callable[[int, int], None], on_begin: Callable[[int], None] | None = None) -> Any:
-    """The callback placed last: ``on_step(global_step, data_position)`` after every trained step.
-
-    A batch the global step did not advance on (autockpt drawing the batches a resumed epoch
-    had already trained) is not a step. ``position()``: the data position of the batch in
-    progress, also inside other callbacks' hooks (this one's begin hooks run before them).
-    """
-    import keras
-
-    class Probe(keras.callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.epoch, self.batch, self.last = 0, -1, -1
-
-        def position(self) -> int:
-            return self.epoch * spe + self.batch + 1
-
-        def on_train_begin(self, logs: Any = None) -> None:
-            self.last = iterations(model)
-            if on_begin is not None:
-                on_begin(self.last)
-
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.epoch, self.batch = epoch, -1
-
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self.batch = batch
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            step = iterations(model)
-            if step == self.last:
-                return
-            self.last = step
-            on_step(step, self.position())
-
-    return Probe()
 
 
 class Job:
@@ -247,7 +174,7 @@ def run_train(job: Job) -> None:
     if name in ("autockpt", "autockpt-budget"):
         auto = make_autockpt(method, d, resume=False)
         # the adapter's take(due), which the driver calls for every checkpoint
-        timed(auto, "_take", lambda s, args, out: timeline.checkpoint(args[0].step),
+        wrap_call(auto, "_take", after=lambda s, args, out: timeline.checkpoint(args[0].step),
               before=lambda due, *a, **k: starts.__setitem__(due.step, time.perf_counter()))
         callbacks.append(auto)
         hooks.append((auto, ["on_train_batch_end", "on_epoch_begin"]))
@@ -273,13 +200,13 @@ def run_train(job: Job) -> None:
         suffix = ".weights.h5" if name.endswith("h5") else ".keras"
         cb = keras.callbacks.ModelCheckpoint(str(d / f"ckpt-e{{epoch:04d}}-b{{batch:05d}}{suffix}"),
                                              save_weights_only=suffix == ".weights.h5", save_freq=every)
-        timed(cb, "_save_model", sync_save)
+        wrap_call(cb, "_save_model", after=sync_save)
         callbacks.append(cb)
         hooks.append((cb, ["on_train_batch_end"]))
         newest = lambda: max(d.glob(f"ckpt-*{suffix}"), default=None)  # zero-padded names
     elif name == "backup-restore":
         cb = keras.callbacks.BackupAndRestore(str(d), save_freq=every, delete_checkpoint=True)
-        timed(cb, "_save_model", sync_save)
+        wrap_call(cb, "_save_model", after=sync_save)
         callbacks.append(cb)
         hooks.append((cb, ["on_train_batch_end"]))
         newest = lambda: d if any(d.iterdir()) else None  # latest.weights.h5 + training_metadata.json
@@ -296,7 +223,7 @@ def run_train(job: Job) -> None:
             if cb._async_futures:
                 threading.Thread(target=await_save, args=(cb._async_futures[-1], step), daemon=True).start()
 
-        timed(cb, "_save_checkpoint", orbax_saved, before=lambda *a, **k: starts.__setitem__(cb._total_batches_seen, time.perf_counter()))
+        wrap_call(cb, "_save_checkpoint", after=orbax_saved, before=lambda *a, **k: starts.__setitem__(cb._total_batches_seen, time.perf_counter()))
         callbacks.append(cb)
         hooks.append((cb, ["on_train_batch_end"]))
         wait = cb.wait_until_finished
@@ -304,7 +231,7 @@ def run_train(job: Job) -> None:
     elif name == "tf-manager":
         _, manager = tf_manager(model, d)
         cb = make_tf_saver(model, manager, every)
-        timed(manager, "save", sync_save)
+        wrap_call(manager, "save", after=sync_save)
         callbacks.append(cb)
         hooks.append((cb, ["on_train_batch_end"]))
 
@@ -345,31 +272,6 @@ def run_train(job: Job) -> None:
     raise RuntimeError(f"fit() ended before global step {job.steps}")
 
 
-def orbax_newest(d: Path) -> Path | None:
-    return max((p for p in d.iterdir() if p.name.isdigit() and p.is_dir()), key=lambda p: int(p.name), default=None)
-
-
-def tf_manager(model: Any, d: Path) -> tuple[Any, Any]:
-    import tensorflow as tf
-
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    return checkpoint, tf.train.CheckpointManager(checkpoint, str(d), max_to_keep=2)
-
-
-def make_tf_saver(model: Any, manager: Any, every: int) -> Any:
-    import keras
-
-    class CheckpointManagerSaver(keras.callbacks.Callback):
-        """``manager.save(checkpoint_number=step)`` every ``every`` global steps."""
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            step = iterations(model)
-            if step % every == 0:
-                manager.save(checkpoint_number=step)
-
-    return CheckpointManagerSaver()
-
-
 # -- restore ----------------------------------------------------------------------------------------
 
 
@@ -396,7 +298,7 @@ def run_restore(job: Job) -> None:
     if name in ("autockpt", "autockpt-budget"):
         model = build_model(job.workload)
         auto = make_autockpt(job.method, d, resume=True, saves=False)
-        timed(auto, "_restore", record_load)
+        wrap_call(auto, "_restore", after=record_load)
         callbacks.append(auto)
     elif name == "modelcheckpoint-h5":
         path = max(d.glob("ckpt-*.weights.h5"), default=None)
@@ -417,7 +319,7 @@ def run_restore(job: Job) -> None:
     elif name == "backup-restore":
         model = build_model(job.workload)
         cb = keras.callbacks.BackupAndRestore(str(d), save_freq=NEVER, delete_checkpoint=False)
-        timed(cb, "on_train_begin", record_load)
+        wrap_call(cb, "on_train_begin", after=record_load)
         callbacks.append(cb)
     elif name == "orbax":
         path = orbax_newest(d)
@@ -458,13 +360,6 @@ def run_restore(job: Job) -> None:
     finish(iterations(model))  # nothing was left to train
 
 
-def h5_step(path: Path, spe: int) -> int:
-    """Global step of ``ckpt-eEEEE-bBBBBB.*`` (epoch and batch 1-based, as ModelCheckpoint formats them)."""
-    stem = path.name.split(".")[0]
-    _, e, b = stem.split("-")
-    return (int(e[1:]) - 1) * spe + int(b[1:])
-
-
 # -- goodput ----------------------------------------------------------------------------------------
 
 
@@ -485,11 +380,11 @@ def run_goodput(job: Job, log: EventLog) -> None:
     if name in ("every-epoch", "native-every-n"):
         save_freq = "epoch" if name == "every-epoch" else int(method["every"])
         cb = keras.callbacks.BackupAndRestore(str(d), save_freq=save_freq)
-        timed(cb, "_save_model", checkpoint_event(lambda args: probe.position()))
+        wrap_call(cb, "_save_model", after=checkpoint_event(lambda args: probe.position()))
         callbacks.append(cb)
     elif name in ("autockpt", "autockpt-budget", "autockpt-mtbf"):
         auto = make_autockpt({**method, "name": "autockpt" if name == "autockpt" else "autockpt-budget"}, d, resume=True)
-        timed(auto, "_take", checkpoint_event(lambda args: args[0].step))
+        wrap_call(auto, "_take", after=checkpoint_event(lambda args: args[0].step))
         callbacks.append(auto)
     elif name != "none":
         raise ValueError(f"unknown goodput method {name!r}; use one of {', '.join(GOODPUT_METHODS)}")
@@ -516,30 +411,25 @@ def run_goodput(job: Job, log: EventLog) -> None:
 # -- entry point ------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autockpt_bench.workers.keras_study")
-    parser.add_argument("case", choices=CASES)
-    parser.add_argument("--spec", required=True)
-    args = parser.parse_args(argv)
-    workload, method, spec = read_spec(args.spec)
-    log = EventLog(spec["log"]) if args.case == "goodput" else None
-    if log is not None:
-        log.write("start", t=_STARTED)
+def run_case(case: str, workload: Workload, method: dict[str, Any], spec: dict[str, Any], log: EventLog | None) -> None:
     backend = setup_backend(spec)
     reason = skip_reason(method["name"], backend)
     if reason is not None:
         if log is not None:
             raise SystemExit(f"keras_study goodput: {reason}")
         write_json(spec["out"], {"framework": "keras", "workload": workload.name, "method": method["name"], "skipped": reason})
-        return 0
+        return
     job = Job(workload, method, spec)
     if log is not None:
         run_goodput(job, log)
-    elif args.case == "train":
+    elif case == "train":
         run_train(job)
     else:
         run_restore(job)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(argv, "python -m autockpt_bench.workers.keras_study", _STARTED, run_case)
 
 
 if __name__ == "__main__":  # pragma: no cover

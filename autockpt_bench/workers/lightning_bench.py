@@ -35,28 +35,13 @@ import torch
 
 from autockpt_core.persist.storage import LocalStorage
 
+from .hooks import log_calls
 from .measure import emit, mlp_layout, overlap_figures, record_persist_windows, stall_figures, step_times, timed
+from .stacked_linear import StackedLinear
 
 METHODS = ("none", "autockpt", "autockpt-overlap", "autockpt-auto", "autockpt-thread", "modelcheckpoint", "async")
 COPY_MODES = {"autockpt-overlap": "overlap", "autockpt-auto": "auto"}  # the others: "sync"
 BATCH = 16
-
-
-def hook_timer(obj: Any, names: tuple[str, ...], log: list[tuple[float, float]]) -> None:
-    """Replace ``obj``'s hooks ``names`` by timed wrappers appending (start, seconds) to ``log``."""
-    for name in names:
-        original = getattr(obj, name)
-
-        def timed_hook(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                log.append((start, time.perf_counter() - start))
-
-        setattr(obj, name, timed_hook)
-
-
 
 
 def train(method: str, state_bytes: int, directory: str, every: int, checkpoints: int) -> dict[str, Any]:
@@ -71,23 +56,6 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
     width, layers = mlp_layout(state_bytes)
     total_steps = checkpoints * every + every - 1  # C windows of `every` steps after warm-up, one checkpoint each
     warm = every - 1  # marks from here on: each checkpoint's stall falls in a measured step
-
-    class Net(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            blocks: list[torch.nn.Module] = []
-            for i in range(layers):
-                blocks.append(torch.nn.Linear(width, width))
-                if i < layers - 1:
-                    blocks.append(torch.nn.ReLU())
-            self.net = torch.nn.Sequential(*blocks)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.Adam(self.parameters(), lr=1e-4)
 
     marks: dict[int, float] = {}
     hooks: list[tuple[float, float]] = []
@@ -118,7 +86,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
             io = trainer.strategy.checkpoint_io
             inner = getattr(io, "checkpoint_io", None) if isinstance(io, AsyncCheckpointIO) else io
-            hook_timer(inner, ("save_checkpoint",), saves)
+            log_calls(inner, ("save_checkpoint",), saves)
 
     torch.manual_seed(0)
     x = torch.randn(total_steps * BATCH, width)
@@ -134,11 +102,11 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
             persist_mode="thread" if method == "autockpt-thread" else "auto", **extra,
         )
         record_persist_windows(windows)
-        hook_timer(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
+        log_calls(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
         callbacks += [tracked, ModeLog()]
     elif method in ("modelcheckpoint", "async"):
         tracked = ModelCheckpoint(dirpath=directory, every_n_train_steps=every, save_top_k=1, save_last=False)
-        hook_timer(tracked, ("on_train_batch_end",), hooks)
+        log_calls(tracked, ("on_train_batch_end",), hooks)
         callbacks += [tracked, PersistTimer()]
         if method == "async":
             plugins.append(AsyncCheckpointIO())
@@ -151,7 +119,7 @@ def train(method: str, state_bytes: int, directory: str, every: int, checkpoints
         enable_checkpointing=method in ("modelcheckpoint", "async"), callbacks=callbacks, plugins=plugins,
         num_sanity_val_steps=0,
     )
-    model = Net()
+    model = StackedLinear(width, layers, lr=1e-4)
     trainer.fit(model, loader)
     optimizer = trainer.optimizers[0]
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())

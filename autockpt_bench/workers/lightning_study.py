@@ -38,7 +38,6 @@ import time
 
 _STARTED = time.time()  # goodput's "start" event: before torch and Lightning are imported
 
-import argparse
 import os
 import re
 import statistics
@@ -50,33 +49,19 @@ from typing import Any
 
 from ..study import protocol
 from ..study.workloads import Workload
+from .hooks import wrap_call
 from .study_common import (
     Timeline,
     finish_restore,
     finish_train,
     path_bytes,
+    serve,
     setup_threads,
     time_hooks,
 )
 
 AUTOCKPT = ("autockpt", "autockpt-budget", "autockpt-mtbf")
 NEVER = 10**9  # every_n_steps of a restoring run: it loads, never writes
-
-
-def _wrap(obj: Any, name: str, before: Callable[..., Any] | None = None, after: Callable[..., Any] | None = None) -> None:
-    """Replace ``obj.name`` by a call of ``before(*args)``, the original, then ``after(*args)``."""
-    original = getattr(obj, name)
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if before is not None:
-            before(*args, **kwargs)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if after is not None:
-                after(*args, **kwargs)
-
-    setattr(obj, name, wrapped)
 
 
 class Probe:
@@ -146,10 +131,10 @@ class Probe:
 
         def on_fit_start(*_: Any) -> None:
             session = callback.session
-            _wrap(session, "save", before=lambda step, *a, **k: self.saving(step))
-            _wrap(session.profiler, "record_persist", after=self.written)  # the writer thread, after the commit
+            wrap_call(session, "save", before=lambda step, *a, **k: self.saving(step))
+            wrap_call(session.profiler, "record_persist", after=self.written)  # the writer thread, after the commit
 
-        _wrap(callback, "on_fit_start", after=on_fit_start)
+        wrap_call(callback, "on_fit_start", after=lambda seconds, args, out: on_fit_start(*args))
 
     def watch_modelcheckpoint(self, callback: Any, hooks: tuple[str, ...] = ("on_train_batch_end",)) -> None:
         """Time the callback's hooks; see ``trainer.save_checkpoint`` and the base CheckpointIO's writes."""
@@ -158,12 +143,12 @@ class Probe:
         def on_fit_start(trainer: Any, *_: Any) -> None:
             from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-            _wrap(trainer, "save_checkpoint", before=lambda *a, **k: self.saving(trainer.global_step))
+            wrap_call(trainer, "save_checkpoint", before=lambda *a, **k: self.saving(trainer.global_step))
             io = trainer.strategy.checkpoint_io
             base = io.checkpoint_io if isinstance(io, AsyncCheckpointIO) else io
-            _wrap(base, "save_checkpoint", after=self.written)
+            wrap_call(base, "save_checkpoint", after=self.written)
 
-        _wrap(callback, "on_fit_start", after=on_fit_start)
+        wrap_call(callback, "on_fit_start", after=lambda seconds, args, out: on_fit_start(*args))
 
 
 def _trainer(spec: dict[str, Any], steps: int, callbacks: list[Any], plugins: list[Any] | None = None) -> Any:
@@ -274,19 +259,15 @@ class LoadTimer:
         self._depth = 0
 
     def wrap(self, obj: Any, name: str) -> None:
-        original = getattr(obj, name)
+        wrap_call(obj, name, before=self._enter, after=self._leave)
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self._depth += 1
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self.seconds += time.perf_counter() - start
+    def _enter(self, *_: Any, **__: Any) -> None:
+        self._depth += 1
 
-        setattr(obj, name, timed)
+    def _leave(self, seconds: float, *_: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += seconds
 
 
 def restore(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> None:
@@ -389,29 +370,25 @@ def goodput(workload: Workload, method: dict[str, Any], spec: dict[str, Any], lo
     log.write("done", step=trainer.global_step, persist_s=persist_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autockpt_bench.workers.lightning_study")
-    parser.add_argument("case", choices=("train", "restore", "goodput"))
-    parser.add_argument("--spec", required=True)
-    args = parser.parse_args(argv)
-    workload, method, spec = protocol.read_spec(args.spec)
-    log = protocol.EventLog(spec["log"]) if args.case == "goodput" else None
-    if log is not None:
-        log.write("start", t=_STARTED)
+def run_case(case: str, workload: Workload, method: dict[str, Any], spec: dict[str, Any],
+             log: protocol.EventLog | None) -> None:  # fmt: skip
     threads = int(spec.get("threads", 0))
     setup_threads(threads)
     import torch
 
     if threads > 0:
         torch.set_num_threads(threads)
-    if args.case == "train":
+    if case == "train":
         train(workload, method, spec)
-    elif args.case == "restore":
+    elif case == "restore":
         restore(workload, method, spec)
     else:
         assert log is not None
         goodput(workload, method, spec, log)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(argv, "python -m autockpt_bench.workers.lightning_study", _STARTED, run_case)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,7 @@
 """Framework-free pieces of the study workers (``lightning_study``, ``keras_study``).
 
+Both workers' ``main`` is :func:`serve`: the case (train, restore, goodput) and the spec from
+the command line, goodput's event log started, then the framework's ``run_case``.
 Call order in a ``train`` case: :func:`setup_threads` first; a :class:`Timeline` records, on the
 training thread, the end of every step (:meth:`Timeline.step_done`), the time spent in the
 method's hooks (:func:`time_hooks` wraps them) and the steps after which the method took a
@@ -10,6 +12,7 @@ weights and the result and ends the process.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -20,8 +23,30 @@ from typing import Any
 
 import numpy as np
 
-from ..study.protocol import write_json
+from ..study.protocol import EventLog, read_spec, write_json
+from ..study.workloads import Workload
+from .hooks import wrap_call
 from .measure import peak_rss_bytes, thread_caps
+
+CASES = ("train", "restore", "goodput")
+
+RunCase = Callable[[str, Workload, dict[str, Any], dict[str, Any], "EventLog | None"], None]
+"""``run_case(case, workload, method, spec, log)``: one case in this process (``log``: goodput's)."""
+
+
+def serve(argv: list[str] | None, prog: str, started: float, run_case: RunCase) -> int:
+    """A worker's command line: ``prog {train,restore,goodput} --spec SPEC.json``. ``started``:
+    the process's start (``time.time()`` before the framework's import), goodput's "start"."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("case", choices=CASES)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    workload, method, spec = read_spec(args.spec)
+    log = EventLog(spec["log"]) if args.case == "goodput" else None
+    if log is not None:
+        log.write("start", t=started)
+    run_case(args.case, workload, method, spec, log)
+    return 0
 
 
 def setup_threads(threads: int) -> None:
@@ -88,16 +113,7 @@ def time_hooks(obj: Any, names: Sequence[str], timeline: Timeline, current_step:
     ``current_step()`` is read after the call returns: the global step the hook ran in or after.
     """
     for name in names:
-        original = getattr(obj, name)
-
-        def timed(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                timeline.add_hook_time(current_step(), time.perf_counter() - start)
-
-        setattr(obj, name, timed)
+        wrap_call(obj, name, after=lambda seconds, args, out: timeline.add_hook_time(current_step(), seconds))
 
 
 def path_bytes(path: str | os.PathLike[str]) -> int:
