@@ -18,7 +18,7 @@ from collections import deque
 
 @dataclasses.dataclass(frozen=True)
 class Estimates:
-    """A consistent snapshot of the profiler's estimates (seconds and bytes).
+    """A consistent reading of the profiler's estimates (seconds and bytes).
 
     ``None`` means "not measured yet". ``loaded_iter_time_s`` is the mean duration of the
     iterations that ran while a checkpoint was being snapshotted or persisted (their own stall
