@@ -361,13 +361,14 @@ class FitDriver:
             self.preemption.clear()
 
     def _send_metrics(self) -> None:
-        if self.session is None:
+        """``publish(session.metrics())`` (process 0); nothing to compute without a publisher
+        (Keras reads the metrics into its epoch logs itself)."""
+        if self.session is None or self._publish is None:
             return
         metrics = self.session.metrics()
         interval = metrics.get("autockpt/interval_steps")
         self._logged_interval = int(interval) if interval is not None else None
-        if self._publish is not None:
-            self._publish(metrics)
+        self._publish(metrics)
 
     def _signum(self) -> int | None:
         return self.preemption.signum if self.preemption is not None else None
