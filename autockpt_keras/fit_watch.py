@@ -13,6 +13,7 @@ or when one of autockpt's hooks raises; after ``stop()`` returns, ``on_gone`` is
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from types import FrameType
@@ -21,6 +22,8 @@ from typing import Callable
 from .fit_frame import is_on_stack
 
 INTERVAL_S = 0.5
+
+log = logging.getLogger("autockpt")
 
 
 class FitWatch:
@@ -49,11 +52,14 @@ class FitWatch:
             top = sys._current_frames().get(self._thread_id)
             if frame is not None and top is not None and is_on_stack(frame, top):
                 continue
+            where = "no frame" if top is None else f"{top.f_code.co_name} ({top.f_code.co_filename}:{top.f_lineno})"
             del top, frame
             with self._lock:
                 if self._stopped.is_set():
                     return
                 self._stopped.set()
                 self._frame = None
+            log.warning("autockpt: fit() left the training thread without on_train_end (its stack is now at %s); "
+                        "releasing the session and the directory lock", where)
             self._on_gone()
             return
