@@ -194,7 +194,9 @@ class FitDriver:
         the checkpoint (or its deferral) and a signal any process received.
 
         ``loss`` and ``unclean`` are read on process 0 only; ``prepare(session)`` runs there
-        before the decision (buffer allocation), its error raised on every process.
+        before the decision (buffer allocation), its error raised on every process. ``loss`` is
+        needed only where :attr:`wants_step_loss` (reading it may wait for a GPU); the final
+        check of a finite loss takes it from :meth:`final`.
         """
         self.trained = True
         times = self._step_clock.lap()
@@ -240,15 +242,22 @@ class FitDriver:
 
     # -- end ----------------------------------------------------------------------------------
 
-    def final(self, step: int, *, unclean: bool = False) -> None:
+    @property
+    def wants_step_loss(self) -> bool:
+        """True when the policy reads every step's loss (the front-loaded schedule fits the loss
+        curve); otherwise adapters pass the last loss to :meth:`final` only."""
+        return self.session is not None and self.config.schedule == "front_loaded"
+
+    def final(self, step: int, *, unclean: bool = False, loss: float | None = None) -> None:
         """Collective, at the end of training: the final checkpoint (``save_on_train_end``), or a
         deferred one still due; none when the newest checkpoint holds ``step``, nothing was
-        trained, or process 0's last loss is not finite (a warning names the checkpoint kept)."""
+        trained, or process 0's last loss (``loss``, else the last one ``step_end`` had) is not
+        finite (a warning names the checkpoint kept)."""
         deferral, self._deferral = self._deferral, None
         deferred = deferral.reason if deferral is not None else None
         reason = deferred if deferred is not None and not self.save_on_train_end else FINAL_REASON
         take = (self.save_on_train_end or deferred is not None) and self.trained and step != self.saved_step
-        loss = self.last_loss
+        loss = loss if loss is not None else self.last_loss
         if take and self.session is not None and loss is not None and not math.isfinite(loss):
             warnings.warn(
                 f"autockpt: no final checkpoint: the last loss is {loss}; the newest checkpoint stays "

@@ -1,9 +1,11 @@
-"""The run's ledger: what checkpoints cost the training thread and how many were taken, and
-the numbers reported from it (the framework's logger, the end-of-run summary line).
+"""The run's ledger: what checkpoints cost the training and how many were taken, and the
+numbers reported from it (the framework's logger, the events, the end-of-run summary line).
 
 ``CheckpointSession`` writes to it on the training thread (``started`` at ``start()``,
-``stalled`` for every blocked interval, ``taken`` per checkpoint) and reads it in
-``metrics()`` and ``summary()``.
+``step`` after every optimizer step, ``stalled`` for every blocked interval, ``taken`` per
+checkpoint) and reads it in ``metrics()`` and ``summary()``. The overhead it reports is the
+measured one (:mod:`.policy.overhead_meter`): the wall time of the steps with checkpoint work
+against clean steps, with its noise; never the blocked time alone.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from .config import Config
 from .persist import BufferPool
 from .policy import Estimates
 from .policy.decision import IntervalChoice as Interval
+from .policy.overhead_meter import Overhead, OverheadMeter
 from .summary import RunSummary
 
 
 class RunLedger:
     """Counters of one session; ``clock`` is the session's."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], warmup_steps: int = 0) -> None:
         self._clock = clock
+        self.meter = OverheadMeter(warmup_steps)
         self.start_time: float | None = None
         self.total_stall = 0.0
         self.checkpoints = 0
@@ -32,9 +36,24 @@ class RunLedger:
     def started(self, now: float) -> None:
         self.start_time = now
 
+    def step(self, seconds: float, loaded: bool) -> None:
+        """One optimizer step's duration (its blocked time subtracted); ``loaded``: it
+        overlapped a snapshot copy or a persist."""
+        self.meter.step(seconds, loaded)
+
+    def revise_last_step(self, seconds: float) -> None:
+        """The job's duration of the newest step (the slowest rank's) replaces it."""
+        self.meter.revise_last_step(seconds)
+
     def stalled(self, seconds: float) -> None:
         """The training thread was blocked ``seconds`` by a checkpoint (hook, copy, wait)."""
         self.total_stall += seconds
+        self.meter.blocked(seconds)
+
+    def waited_at_end(self, seconds: float) -> None:
+        """The end of training waited ``seconds`` for the last persist: an overhead the run
+        pays, not a checkpoint's stall."""
+        self.meter.blocked(seconds)
 
     def taken(self, step: int, name: str, mode: str | None) -> None:
         """A checkpoint of ``step`` was handed to the writer as ``name`` (copied in ``mode``)."""
@@ -42,12 +61,9 @@ class RunLedger:
         self.newest_step, self.newest_name = step, name
         self.copy_mode = mode or self.copy_mode
 
-    def overhead(self) -> float | None:
-        """Fraction of wall time since ``started`` the training thread spent blocked."""
-        if self.start_time is None:
-            return None
-        elapsed = self._clock() - self.start_time
-        return self.total_stall / elapsed if elapsed > 0 else None
+    def overhead(self) -> Overhead:
+        """The measured overhead so far, with its noise."""
+        return self.meter.reading()
 
     def metrics(
         self, est: Estimates, interval: Interval | None, buffers: BufferPool[object], released_bytes: int
@@ -59,8 +75,9 @@ class RunLedger:
         if est.stall_s is not None:
             out["autockpt/stall_ms"] = est.stall_s * 1e3
         overhead = self.overhead()
-        if overhead is not None:
-            out["autockpt/overhead_pct"] = overhead * 100.0
+        if overhead.value is not None and overhead.band is not None:
+            out["autockpt/overhead_pct"] = overhead.value * 100.0
+            out["autockpt/overhead_band_pct"] = overhead.band * 100.0
         if buffers.peak_bytes:
             out["autockpt/buffer_bytes"] = float(buffers.total_bytes or released_bytes)
             out["autockpt/buffer_peak_bytes"] = float(buffers.peak_bytes)
@@ -79,12 +96,14 @@ class RunLedger:
         mirror: str | None,
         mirrored: int,
     ) -> RunSummary:
+        overhead = self.overhead()
         return RunSummary(
             framework=framework,
             checkpoints=self.checkpoints,
             mean_stall_s=(self.total_stall / self.checkpoints) if self.checkpoints else None,
             checkpoint_bytes=est.checkpoint_bytes,
-            overhead=self.overhead(),
+            overhead=overhead.value,
+            overhead_band=overhead.band,
             budget=config.overhead_budget,
             interval_steps=interval.steps if interval is not None else None,
             interval_rule=interval.rule if interval is not None else None,

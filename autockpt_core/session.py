@@ -63,6 +63,7 @@ from .persist.shared_memory import SharedArena
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
 from .policy.checkpoint_cost import CheckpointCost, CostMeter
+from .policy.overhead_meter import Overhead
 from .policy.rank_timing import RankTimes
 from .run_ledger import RunLedger
 from .snapshot import PendingCopy, Snapshot, SnapshotFn
@@ -110,7 +111,7 @@ class CheckpointSession:
         # Explicit adjusters replace the ones the config asks for (adaptive, front_loaded).
         adjusters = interval_adjuster if interval_adjuster is not None else adjusters_from_config(config)
         self.policy = CheckpointPolicy(config, adjusters)
-        self.ledger = RunLedger(clock)
+        self.ledger = RunLedger(clock, config.warmup_steps)
         self.last_decision: Decision | None = None
         self._last_step_time: float | None = None
         self._stall_since_last_step = 0.0
@@ -246,6 +247,7 @@ class CheckpointSession:
             duration = now - self._last_step_time - self._stall_since_last_step
             loaded = self._loaded_since_last_step or writer.busy
             self.profiler.record_iteration(duration, loaded=loaded)
+            self.ledger.step(duration, loaded)
             if self._cost.measuring:
                 self._cost.add_step(duration)
                 if not writer.busy and self._pending is None:
@@ -270,6 +272,7 @@ class CheckpointSession:
         checkpoint: the collectives around it and rank 0's copy) and counts in the overhead.
         """
         self.profiler.revise_last_iteration(slowest.step_s)
+        self.ledger.revise_last_step(slowest.step_s)
         if slowest.blocked_s > 0:
             self.ledger.stalled(self.profiler.revise_last_stall(slowest.blocked_s))
 
@@ -369,8 +372,14 @@ class CheckpointSession:
             self._on_cost(cost)
 
     def finish(self) -> RunSummary:
-        """:meth:`close`, then summarise the run."""
-        self.close()
+        """:meth:`close`, then summarise the run; the wait for the last persist counts as
+        blocked time (the training process waits for it before it can end)."""
+        start = self.clock()
+        try:
+            self.close()
+        finally:
+            if self.ledger.checkpoints:
+                self.ledger.waited_at_end(self.clock() - start)
         return self.summary()
 
     # -- reporting ---------------------------------------------------------------------------
@@ -378,8 +387,8 @@ class CheckpointSession:
     def estimates(self) -> Estimates:
         return self.profiler.estimates()
 
-    def measured_overhead(self) -> float | None:
-        """Fraction of wall time since ``start`` the training thread spent blocked by checkpoints."""
+    def measured_overhead(self) -> Overhead:
+        """The overhead measured so far (:mod:`.policy.overhead_meter`), with its noise."""
         return self.ledger.overhead()
 
     def metrics(self) -> dict[str, float]:

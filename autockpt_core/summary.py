@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from .policy.overhead_meter import overhead_text
 from .units import format_duration, format_size
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSummary:
-    """What checkpointing did in one run; ``line()`` is what the callbacks print."""
+    """What checkpointing did in one run; ``line()`` is what the callbacks print.
+
+    ``overhead``: the measured fraction of training time checkpointing cost
+    (:mod:`.policy.overhead_meter`), ``overhead_band``: the half-width of its ~95% band; a
+    band wider than the budget is printed as such, not as a precise-looking number.
+    """
 
     framework: str
     checkpoints: int
@@ -28,13 +34,14 @@ class RunSummary:
     copy_mode: str | None = None
     mirror: str | None = None
     mirrored: int = 0
+    overhead_band: float | None = None
 
     def line(self) -> str:
         if self.checkpoints == 0:
             return "autockpt: no checkpoints taken (run shorter than warm-up and profiling)"
         stall = f"{self.mean_stall_s * 1e3:.1f}ms" if self.mean_stall_s is not None else "n/a"
         size = format_size(self.checkpoint_bytes) if self.checkpoint_bytes else "n/a"
-        overhead = f"{self.overhead * 100:.2f}%" if self.overhead is not None else "n/a"
+        overhead = overhead_text(self.overhead, self.overhead_band, self.budget)
         persist = format_duration(self.persist_s) if self.persist_s is not None else "n/a"
         interval = (
             f"{self.interval_steps} steps ({self.interval_rule})" if self.interval_steps is not None else "n/a"
@@ -44,7 +51,7 @@ class RunSummary:
         mirrored = f", {self.mirrored} mirrored to {self.mirror}" if self.mirror else ""
         return (
             f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
-            f"persist {persist}, overhead {overhead} (budget {self.budget * 100:.2f}%), "
+            f"persist {persist}, overhead {overhead}, "
             f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}{mirrored}"
         )
 

@@ -17,8 +17,9 @@ Keras' state: the copy of every variable, the resume point of the data stream an
     on_train_batch_end    skipped batches: nothing (the last puts the generators back); else
                           driver.step_end (the loss, whether it is the epoch's last batch); a
                           checkpoint copies every variable into the session's buffers
-    on_epoch_end          add autockpt_checkpoints, _interval_steps, _stall_ms, _overhead_pct
-                          to the epoch logs (History comes after AutoCheckpoint and sees them)
+    on_epoch_end          add autockpt_checkpoints, _interval_steps, _stall_ms, _overhead_pct,
+                          _overhead_band_pct to the epoch logs (History comes after
+                          AutoCheckpoint and sees them)
     on_train_end          driver.final, driver.finish, uninstall the handlers, driver.end
     (a hook raising)      release handlers, data stream and session: driver.abandon
 
@@ -79,6 +80,7 @@ LOG_KEYS = {
     "autockpt_interval_steps": "autockpt/interval_steps",
     "autockpt_stall_ms": "autockpt/stall_ms",
     "autockpt_overhead_pct": "autockpt/overhead_pct",
+    "autockpt_overhead_band_pct": "autockpt/overhead_band_pct",
 }
 
 

@@ -118,6 +118,8 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
     row["interval_steps"] = _median(_median(_gaps(r["train"].get("checkpoint_steps", []))) for r in trains)
     row["first_checkpoint_step"] = _median(r["train"]["checkpoint_steps"][0] for r in trains if r["train"].get("checkpoint_steps"))
     row["checkpoint_bytes"] = _median(r["train"].get("checkpoint_bytes") for r in trains)
+    row["reported_overhead"] = _median(r["train"].get("reported_overhead") for r in trains)
+    row["reported_band"] = _median(r["train"].get("reported_band") for r in trains)
     extra = [r["train"]["peak_rss_bytes"] - base[r["rep"]]["peak_rss_bytes"] for r in trains
              if r["rep"] in base and r["train"].get("peak_rss_bytes") and base[r["rep"]].get("peak_rss_bytes")]
     row["extra_rss_bytes"] = _median(extra)
@@ -159,6 +161,9 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 how = f"interval {row['interval_steps']:.0f} steps"
             else:  # one checkpoint in the window: the steady-state overhead is lower than measured
                 how = f"1 checkpoint in {row.get('steps', '?')} steps: the interval is longer, so this is an upper bound"
+            if row.get("reported_overhead") is not None:
+                how += f"; autockpt reported {row['reported_overhead'] * 100:.1f}%"
+                how += f" ±{row['reported_band'] * 100:.1f}" if row.get("reported_band") is not None else ""
             out.append({"framework": row["framework"], "workload": row["workload"],
                         "target": f"slowdown ≤ {row['budget'] * 100:g}% budget",
                         "measured": f"{row['slowdown'] * 100:+.1f}% ({how})",

@@ -80,6 +80,7 @@ from .study_common import (
     finish_restore,
     finish_train,
     path_bytes,
+    reported_overhead,
     serve,
     setup_threads,
     time_hooks,
@@ -164,6 +165,7 @@ def run_train(job: Job) -> None:
     wait: Callable[[], None] = lambda: None
     newest: Callable[[], Any] = lambda: None
     begin: Callable[[int], None] | None = None
+    auto: Any = None
 
     def current() -> int:
         return iterations(model)
@@ -266,6 +268,8 @@ def run_train(job: Job) -> None:
             "warmup": warmup, **timeline.figures(warmup), "checkpoint_bytes": nbytes, "format": FORMATS[name],
             "threads": int(job.spec.get("threads") or 0),
         }  # fmt: skip
+        if auto is not None:
+            result.update(reported_overhead(auto.session))
         finish_train(job.spec, result, weights_of(model))  # ends the process
 
     job.fit(model, callbacks + [make_probe(model, job.spe, on_step, begin)])

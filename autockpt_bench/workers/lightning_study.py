@@ -55,6 +55,7 @@ from .study_common import (
     finish_restore,
     finish_train,
     path_bytes,
+    reported_overhead,
     serve,
     setup_threads,
     time_hooks,
@@ -243,6 +244,7 @@ def train(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> N
             **probe.timeline.figures(int(spec["warmup"])),
             "checkpoint_bytes": path_bytes(checkpoint) if checkpoint else None,
             "format": ".ckpt", "threads": int(spec.get("threads", 0)),
+            **(reported_overhead(callback.session) if name.startswith("autockpt") else {}),
         }
         finish_train(spec, result, models.trainable_weights(model))
 

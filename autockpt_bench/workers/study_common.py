@@ -146,6 +146,13 @@ def max_abs_diff(arrays: Sequence[np.ndarray], path: str | os.PathLike[str]) -> 
         return worst
 
 
+def reported_overhead(session: Any) -> dict[str, Any]:
+    """What autockpt reports as its overhead so far (``reported_overhead`` and its ~95%
+    ``reported_band``, fractions), to set beside the slowdown measured against a baseline."""
+    reading = session.measured_overhead()
+    return {"reported_overhead": reading.value, "reported_band": reading.band}
+
+
 def finish_train(spec: dict[str, Any], result: dict[str, Any], weights: Sequence[np.ndarray]) -> None:
     """Write the reference weights and the result, then end the process without cleanup.
 

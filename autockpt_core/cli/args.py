@@ -7,6 +7,7 @@ Every helper raises ``ValueError`` with a one-line message naming the flag, whic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iter-time", required=True, help="time of one optimizer step, e.g. 350ms")
     parser.add_argument("--stall", required=True, help="training time blocked per checkpoint, e.g. 120ms")
     parser.add_argument("--persist", default="0s", help="background persist time per checkpoint, e.g. 2s")
+    parser.add_argument("--slowdown", default=None,
+                        help="measured slowdown of the steps a persist overlaps, e.g. 10%% (default: not measured, "
+                             "so the budget counts the whole persist time, as the runtime does until it has measured it)")
     parser.add_argument("--mtbf", default=None, help="mean time between failures, e.g. 6h (enables Young/Daly)")
     parser.add_argument("--budget", default="2%", help="overhead budget, e.g. 2%% or 0.02 (default 2%%)")
     parser.add_argument("--min-interval", default=None, help="never checkpoint more often than this, e.g. 30s")
@@ -86,12 +90,23 @@ def config_from_args(args: argparse.Namespace, **overrides: object) -> Config:
 
 
 def estimates_from_args(args: argparse.Namespace) -> Estimates:
-    """The profiler estimates the runtime would have measured, from the flags."""
-    return Estimates(
-        iter_time_s=duration("--iter-time", args.iter_time),
+    """The profiler estimates the runtime would have measured, from the flags (``--slowdown``:
+    as if measured over many loaded iterations without spread)."""
+    t = duration("--iter-time", args.iter_time)
+    est = Estimates(
+        iter_time_s=t,
         stall_s=duration("--stall", args.stall, allow_zero=True),
         persist_s=duration("--persist", args.persist, allow_zero=True),
     )
+    if getattr(args, "slowdown", None) is None:
+        return est
+    try:
+        slowdown = parse_fraction(args.slowdown)
+    except ValueError as exc:
+        raise ValueError(f"--slowdown: {exc}") from None
+    if slowdown < 0:
+        raise ValueError(f"--slowdown must be >= 0, got {args.slowdown!r}")
+    return dataclasses.replace(est, loaded_iter_time_s=t * (1.0 + slowdown), loaded_iterations=1000, loaded_sd_s=0.0)
 
 
 def read_loss_curve(path: str) -> tuple[np.ndarray, np.ndarray]:

@@ -21,15 +21,22 @@ Decision, after each window once ``settle`` windows were measured since the last
 cost ``C`` is the mean over the recent windows (at most ``max_windows``, none from before the
 last change or change point), with a 95% band. The target interval is
 :func:`~autockpt_core.policy.decision.choose_interval` fed with the measured cost and iteration time,
-aiming at ``target`` × budget (headroom below the budget). Then, with hysteresis:
+aiming at ``target`` × budget (headroom below the budget). The interval approaches the budget
+from below, with hysteresis:
 
-* lengthen when the overhead at the interval in force exceeds the budget even at the low end of
-  the cost's band, or when the optimum for the low end is clearly longer;
-* shorten when even the high end of the band gives a target shorter than ``shorten_ratio`` ×
-  the interval in force (overhead well under budget: move toward the budget bound, or the
-  Young/Daly optimum with an MTBF);
+* lengthen as soon as the overhead at the interval in force, at the measured mean cost,
+  exceeds the budget, or when the optimum for the low end of the band is clearly longer;
+* shorten only when even the high end of the band gives a target shorter than
+  ``shorten_ratio`` × the interval in force (overhead well under budget: move toward the
+  budget bound, or the Young/Daly optimum with an MTBF). The band narrows as windows
+  accumulate, so the interval converges to the budget from the safe side;
 * otherwise hold. A move against the previous one needs ``2·settle`` windows and goes only half
   way (geometric mean). Aiming inside the dead band keeps it from oscillating.
+
+After a regime shift, a change point (the step time or the cost moved), or, before the tuner's
+first change, a clear rise of the profiler-based interval, the first window of
+the new regime may lengthen the interval on its own (never shorten it): the drift re-enters
+from the safe side, and the usual rules resume once ``settle`` windows are measured.
 
 Until its first change the tuner passes the profiler-based choice through unchanged.
 Threading: training thread only (driven by :class:`~autockpt_core.policy.decision.CheckpointPolicy`).
@@ -134,6 +141,7 @@ class AdaptiveTuner(Adjuster):
         self._since_change = 0
         self._pending = False
         self._t_ref: float | None = None  # newest clean iteration time measured in a window
+        self._base_steps: int | None = None  # the base choice's interval at the last adjust()
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -150,6 +158,7 @@ class AdaptiveTuner(Adjuster):
         self.windows.clear()
         self._choice = None
         self._t_ref = None
+        self._base_steps = None
         self._since_change = 0
         self._pending = False
 
@@ -220,6 +229,14 @@ class AdaptiveTuner(Adjuster):
         return self._choice is not None
 
     def adjust(self, choice: IntervalChoice, est: Estimates, elapsed_s: float) -> IntervalChoice:
+        if self._choice is None:
+            if self._base_steps is not None and choice.steps * self.shorten_ratio > self._base_steps:
+                # the profiler's bound rose clearly (a costlier persist, a slower step under it):
+                # windows measured before no longer apply; the next one may lengthen on its own
+                self.windows.clear()
+                self._since_change = min(self._since_change, self.settle - 1)
+                self._pending = False
+            self._base_steps = choice.steps
         if self._pending and est.iter_time_s and self._since_change >= self.settle:
             self._pending = False
             self._evaluate(choice, est)
@@ -229,12 +246,13 @@ class AdaptiveTuner(Adjuster):
         # windows too short for clean iterations of their own use the newest measured ones
         fallback_t = self._t_ref if self._t_ref is not None else float(est.iter_time_s)  # type: ignore[arg-type]
         recent = self.windows[-min(self._since_change, len(self.windows)):]
-        if len(recent) < 2:
+        if not recent:
             return
         costs = [w.cost(fallback_t) for w in recent]
         cost, sd = mean_sd(costs)
         sd = max(sd, _rms([w.noise_sd for w in recent]))  # a lucky small spread is not evidence
-        band = t_quantile(len(costs) - 1) * sd / math.sqrt(len(costs))
+        # one window (the first after a drift): its mean may lengthen, nothing else
+        band = t_quantile(len(costs) - 1) * sd / math.sqrt(len(costs)) if len(costs) > 1 else math.inf
         cost_lo, cost_hi, cost = max(cost - band, 1e-9), max(cost + band, 1e-9), max(cost, 1e-9)
         work = sum(w.steps * w.iter_time(fallback_t) for w in recent)
         self.measured_cost_s = cost
@@ -245,8 +263,10 @@ class AdaptiveTuner(Adjuster):
         target = choose_interval(self._aim, measured, cost_s=cost)
         budget = self.config.overhead_budget
         overhead = cost / (in_force * t)
-        if cost_lo / (in_force * t) > budget * (1 + 1e-6) and target.steps > in_force:
+        if overhead > budget * (1 + 1e-6) and target.steps > in_force:
             direction, why = "lengthen", f"overhead {overhead:.2%} > budget {budget:.2%}"
+        elif len(costs) < 2:
+            return
         elif choose_interval(self._aim, measured, cost_s=cost_lo).steps * self.shorten_ratio > in_force:
             direction, why = "lengthen", f"checkpoints cost more: optimum moved to {target.steps} steps"
         elif choose_interval(self._aim, measured, cost_s=cost_hi).steps < in_force * self.shorten_ratio:

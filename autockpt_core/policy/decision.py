@@ -114,9 +114,12 @@ def choose_interval(config: Config, est: Estimates, cost_s: float | None = None)
     Daly optimum is used, but never denser than those bounds. ``min_interval``/``max_interval``
     clamp the result; an explicit ``max_interval`` wins over the budget.
 
-    ``cost_s`` is the training time one checkpoint costs; by default the estimates' stall plus
-    the background slowdown measured while persisting (``Estimates.checkpoint_cost_s``). The
-    adaptive tuner passes the cost it measured over recent checkpoint windows instead.
+    ``cost_s`` is the training time one checkpoint costs. By default the budget bound takes it
+    from above (``Estimates.checkpoint_cost_s``: the stall plus the background slowdown's upper
+    bound, the whole persist time until that is measured), so the first interval keeps the
+    budget before any checkpoint window was measured; Young/Daly take the best estimate
+    (``Estimates.expected_cost_s``), as their optimum is no safer for a longer interval. The
+    adaptive tuner passes the cost it measured over recent checkpoint windows for both.
     """
     if config.every_n_steps is not None:
         steps = config.every_n_steps
@@ -128,6 +131,7 @@ def choose_interval(config: Config, est: Estimates, cost_s: float | None = None)
     stall = float(est.stall_s)  # type: ignore[arg-type]
     persist = float(est.persist_s)  # type: ignore[arg-type]
     cost = float(cost_s) if cost_s is not None else float(est.checkpoint_cost_s)  # type: ignore[arg-type]
+    expected = float(cost_s) if cost_s is not None else float(est.expected_cost_s)  # type: ignore[arg-type]
     t = max(t, 1e-9)
     candidates: dict[str, int] = {
         "budget": budget_interval_steps(cost, t, config.overhead_budget),
@@ -136,7 +140,7 @@ def choose_interval(config: Config, est: Estimates, cost_s: float | None = None)
     rule = max(("budget", "persist"), key=lambda r: candidates[r])
     steps = candidates[rule]
     if config.mtbf is not None:
-        daly_cost = max(cost, 1e-6)
+        daly_cost = max(expected, 1e-6)
         candidates["young"] = seconds_to_steps(young_interval(daly_cost, config.mtbf), t)
         candidates["daly"] = seconds_to_steps(daly_interval(daly_cost, config.mtbf), t)
         if candidates["daly"] > steps:

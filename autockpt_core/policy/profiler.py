@@ -11,9 +11,12 @@ Threading: ``record_iteration``/``record_stall`` are called from the training th
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import threading
 from collections import deque
+
+from .stats import t_quantile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +33,9 @@ class Estimates:
     too slowly for that). ``iter_sd_s`` is the spread of the clean iterations in the window, a
     robust standard deviation (1.4826 × the median absolute deviation; None below
     :data:`SPREAD_SAMPLES`): how much two identical steps differ on this machine, the noise
-    against which a slowdown measured over a few steps is judged.
+    against which a slowdown measured over a few steps is judged. ``loaded_iterations`` and
+    ``loaded_sd_s``: how many loaded iterations ``loaded_iter_time_s`` averages (in the window)
+    and their spread, from which :attr:`checkpoint_cost_s` bounds the slowdown from above.
     """
 
     iter_time_s: float | None = None
@@ -40,6 +45,8 @@ class Estimates:
     loaded_iter_time_s: float | None = None
     recent_iter_time_s: float | None = None
     iter_sd_s: float | None = None
+    loaded_iterations: int = 0
+    loaded_sd_s: float | None = None
     iterations_seen: int = 0
     checkpoints_seen: int = 0
 
@@ -69,13 +76,45 @@ class Estimates:
         return self.persist_s * slow / (1.0 + slow)
 
     @property
+    def background_cost_bound_s(self) -> float:
+        """:attr:`background_cost_s` bounded from above, for choosing an interval before the
+        adaptive tuner has measured whole checkpoint windows (approach the budget from below).
+
+        With at least :data:`MIN_LOADED` loaded iterations: the slowdown's upper 95% bound
+        (Student-t over their spread) in place of its mean. With fewer, the whole persist
+        time, as if training stood still while it ran (a persist that overlaps steps costs
+        them at most its own duration). 0 while the persist time is unknown.
+        """
+        if self.persist_s is None:
+            return 0.0
+        t = self.iter_time_s
+        n = self.loaded_iterations
+        if self.loaded_iter_time_s is None or t is None or t <= 0 or n < MIN_LOADED:
+            return self.persist_s
+        upper = self.loaded_iter_time_s + t_quantile(n - 1) * (self.loaded_sd_s or 0.0) / math.sqrt(n)
+        slow = max(0.0, upper / t - 1.0)
+        return self.persist_s * slow / (1.0 + slow)
+
+    @property
     def checkpoint_cost_s(self) -> float | None:
-        """Training time one checkpoint costs: the stall plus :attr:`background_cost_s`."""
+        """Training time one checkpoint costs, bounded from above: the stall plus
+        :attr:`background_cost_bound_s` (what the budget bound uses)."""
+        if self.stall_s is None:
+            return None
+        return self.stall_s + self.background_cost_bound_s
+
+    @property
+    def expected_cost_s(self) -> float | None:
+        """Training time one checkpoint costs, best estimate: the stall plus
+        :attr:`background_cost_s` (what Young/Daly's optimum uses)."""
         if self.stall_s is None:
             return None
         return self.stall_s + self.background_cost_s
 
 
+#: Loaded iterations needed before their measured slowdown replaces the whole persist time
+#: in :attr:`Estimates.checkpoint_cost_s`.
+MIN_LOADED = 3
 #: Fresh clean iterations needed before a re-measured iteration time is trusted again.
 REFRESH_SAMPLES = 3
 #: Clean iterations in ``Estimates.recent_iter_time_s``.
@@ -179,6 +218,8 @@ class Profiler:
                 persist_s=_median(self._persist),
                 checkpoint_bytes=int(statistics.median(self._bytes)) if self._bytes else None,
                 loaded_iter_time_s=_capped_mean(self._loaded_iter, self._iteration_estimate()),
+                loaded_iterations=len(self._loaded_iter),
+                loaded_sd_s=_capped_sd(self._loaded_iter, self._iteration_estimate()),
                 recent_iter_time_s=_median(self._recent),
                 iter_sd_s=_robust_sd(self._iter),
                 iterations_seen=self._iterations,
@@ -214,6 +255,14 @@ def _capped_mean(values: deque[float], clean: float | None) -> float | None:
         return statistics.fmean(values)
     cap = OUTLIER_CAP * clean
     return statistics.fmean(min(v, cap) for v in values)
+
+
+def _capped_sd(values: deque[float], clean: float | None) -> float | None:
+    """Sample standard deviation of ``values`` capped as in :func:`_capped_mean` (None below 2)."""
+    if len(values) < 2:
+        return None
+    cap = OUTLIER_CAP * clean if clean is not None and clean > 0 else math.inf
+    return statistics.stdev(min(v, cap) for v in values)
 
 
 def _robust_sd(values: deque[float]) -> float | None:

@@ -25,6 +25,8 @@ TRAIN_KEYS = {
     "framework", "workload", "method", "params", "state_bytes", "steps", "warmup", "step_s", "step_s_median",
     "checkpoint_steps", "blocked_s", "save_s", "checkpoint_bytes", "format", "peak_rss_bytes", "threads",
 }
+#: autockpt's runs also give the overhead it reported (beside the slowdown measured against a baseline)
+REPORTED = {"reported_overhead", "reported_band"}
 RESTORE_KEYS = {
     "framework", "workload", "method", "restore_s", "load_s", "resumed_step", "final_step", "max_abs_diff", "exact",
 }
@@ -82,7 +84,7 @@ def test_a_model_that_disagrees_with_param_count_is_refused() -> None:
 
 
 def _check_train(result: dict[str, Any], method: str, checkpoints: list[int]) -> None:
-    assert set(result) == TRAIN_KEYS
+    assert set(result) == TRAIN_KEYS | (REPORTED if method.startswith("autockpt") else set())
     assert result["framework"] == "lightning" and result["method"] == method and result["format"] == ".ckpt"
     assert result["params"] == param_count(SMALL)
     assert result["state_bytes"] >= 12 * param_count(SMALL)
@@ -116,7 +118,8 @@ def test_modelcheckpoint_train_then_restore(tmp_path: Path) -> None:
 @pytest.mark.parametrize("method", [{"name": "async", "every": 10}, {"name": "autockpt-budget", "budget": 0.5}])
 def test_other_train_methods(tmp_path: Path, method: dict[str, Any]) -> None:
     train, restore = _train_and_restore(tmp_path, method, steps=30)
-    assert set(train) == TRAIN_KEYS and set(restore) == RESTORE_KEYS
+    assert set(train) == TRAIN_KEYS | (REPORTED if method["name"].startswith("autockpt") else set())
+    assert set(restore) == RESTORE_KEYS
     assert train["checkpoint_steps"] and len(train["save_s"]) == len(train["checkpoint_steps"])
     if method["name"] == "async":
         assert train["checkpoint_steps"] == [10, 20, 30]

@@ -204,3 +204,22 @@ def test_closing_a_session_releases_its_host_buffers_and_the_summary_still_repor
     summary = session.finish()
     assert session.buffers.total_bytes == 0 and len(session.buffers) == 0  # nothing held after fit()
     assert summary.buffer_bytes == 4000 and session.metrics()["autockpt/buffer_bytes"] == 4000.0
+
+
+def test_the_overhead_reported_counts_the_slower_steps_after_a_checkpoint_not_only_the_stall(tmp_path) -> None:
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), every_n_steps=10, warmup_steps=0, async_persist=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".st", clock=clock)
+    state = {"w": np.zeros(3)}
+    session.start(0)
+    saved_at = None
+    for step in range(1, 101):
+        clock.t += 0.1 + (0.05 if saved_at == step - 1 else 0.0) + 0.001 * (step % 3)  # the step after one is slower
+        if session.step_end(step).save:
+            session.save(step, 0, make_snapshot(state, clock, 0.01))
+            saved_at = step
+    summary = session.finish()
+    # 10 checkpoints: 10 × 10 ms blocked + 9 slower steps × 50 ms, over ~100 × 0.101 s of work
+    assert summary.overhead == pytest.approx((10 * 0.01 + 9 * 0.05) / (100 * 0.101), rel=0.05)
+    assert summary.overhead_band is not None and summary.overhead_band < 0.01
+    assert session.measured_overhead().value == pytest.approx(summary.overhead)

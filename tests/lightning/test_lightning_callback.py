@@ -146,13 +146,16 @@ def test_config_object_and_file(tmp_path: Path) -> None:
     assert AutoCheckpoint.from_config(toml_file).config.every_n_steps == 3
 
 
-def test_loss_is_read_from_training_step_outputs() -> None:
-    from autockpt_lightning.callback import _loss_value
+def test_loss_is_taken_from_training_step_outputs_and_read_only_when_asked() -> None:
+    from autockpt_lightning.callback import _host_value, _loss_of
 
-    assert _loss_value({"loss": torch.tensor(0.5), "extra": 1}) == 0.5
-    assert _loss_value(torch.tensor([2.0])) == 2.0
-    assert _loss_value(None) is None and _loss_value({"other": 1.0}) is None
-    assert _loss_value(torch.ones(3)) is None
+    loss = torch.tensor(0.5, requires_grad=True) * 1.0
+    taken = _loss_of({"loss": loss, "extra": 1})
+    assert isinstance(taken, torch.Tensor) and not taken.requires_grad  # kept as a tensor, detached
+    assert _host_value(taken) == 0.5 and _host_value(_loss_of(torch.tensor([2.0]))) == 2.0
+    assert _loss_of(None) is None and _loss_of({"other": 1.0}) is None
+    assert _loss_of(torch.ones(3)) is None and _host_value(None) is None
+    assert _host_value(_loss_of(3)) == 3.0
 
 
 # -- training ------------------------------------------------------------------------------
@@ -274,7 +277,12 @@ def test_every_n_steps_spacing_and_logged_metrics(tmp_path: Path) -> None:
     logged = {step: row for step, row in logger.rows if "autockpt/checkpoints" in row}
     assert {4, 8, 12, 16} <= set(logged)
     assert logged[8]["autockpt/interval_steps"] == 4 and logged[8]["autockpt/checkpoints"] == 2
-    assert logged[8]["autockpt/stall_ms"] > 0 and "autockpt/overhead_pct" in logged[8]
+    assert logged[8]["autockpt/stall_ms"] > 0
+    # the measured overhead comes with its band, once clean steps and checkpoint work were both
+    # seen (on a busy machine every step may overlap a persist: then neither is logged)
+    for row in logged.values():
+        assert ("autockpt/overhead_pct" in row) == ("autockpt/overhead_band_pct" in row)
+        assert row.get("autockpt/overhead_band_pct", 0.0) >= 0
 
 
 @pytest.mark.integration

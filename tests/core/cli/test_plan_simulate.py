@@ -8,7 +8,8 @@ import pytest
 from autockpt_core import Config, Estimates, choose_interval
 from autockpt_core.cli import main
 
-PLAN = ["plan", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--mtbf", "6h", "--budget", "2%"]
+PLAN = ["plan", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--slowdown", "0%", "--mtbf", "6h",
+        "--budget", "2%"]
 
 
 def run(argv, capsys):
@@ -23,13 +24,26 @@ def test_plan_json_has_the_decision_from_choose_interval(capsys) -> None:
     data = json.loads(out)
     expected = choose_interval(
         Config(dirpath=".", overhead_budget=0.02, mtbf=6 * 3600),
-        Estimates(iter_time_s=0.35, stall_s=0.12, persist_s=2.0),
+        Estimates(iter_time_s=0.35, stall_s=0.12, persist_s=2.0, loaded_iter_time_s=0.35, loaded_iterations=1000,
+                  loaded_sd_s=0.0),
     )
     assert data["chosen_interval_steps"] == expected.steps == 205
     assert data["chosen_interval_s"] == pytest.approx(expected.seconds)
     assert data["rule"] == "daly" and data["reason"] == expected.explain()
     assert set(data["policies"]) == {"budget", "persist", "young", "daly"}
     assert data["policies"]["budget"]["steps"] == 18 and data["front_loaded"] is None
+
+
+def test_plan_without_a_measured_slowdown_counts_the_whole_persist_in_the_budget(capsys) -> None:
+    argv = [a for a in PLAN if a not in ("--slowdown", "0%")]
+    code, out, _ = run([*argv, "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    # (120 ms + 2 s) / (2% × 350 ms) = 303 steps, longer than Daly's 205 (which takes the 120 ms)
+    assert data["policies"]["budget"]["steps"] == 303 and data["policies"]["daly"]["steps"] == 205
+    assert data["rule"] == "budget" and data["chosen_interval_steps"] == 303
+    code, out, _ = run([*PLAN[:-2], "--slowdown", "x", "--budget", "2%"], capsys)
+    assert code != 0 and "--slowdown" in out + _
 
 
 def test_plan_table_names_each_policy_and_the_choice(capsys) -> None:
@@ -72,8 +86,8 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, words, capsys) -> None:
 def test_simulate_compares_policies_and_writes_a_png(tmp_path, capsys) -> None:
     png = tmp_path / "sim.png"
     argv = [
-        "simulate", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--mtbf", "6h",
-        "--work", "12h", "--jobs", "300", "--plot", str(png), "--json",
+        "simulate", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--slowdown", "0%",
+        "--mtbf", "6h", "--work", "12h", "--jobs", "300", "--plot", str(png), "--json",
     ]
     code, out, _ = run(argv, capsys)
     assert code == 0

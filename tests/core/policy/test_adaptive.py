@@ -30,9 +30,13 @@ SCENARIOS = [
 ]
 
 
-def monotone(values: list[int], direction: str) -> bool:
+def monotone(values: list[int], direction: str, slack: int = 1) -> bool:
+    """No move against ``direction`` by more than ``slack`` steps (the profiler's upper bound of
+    the cost moves by a step while old and new iterations share its window)."""
     pairs = list(zip(values, values[1:]))
-    return all(b <= a for a, b in pairs) if direction == "shorter" else all(b >= a for a, b in pairs)
+    if direction == "shorter":
+        return all(b <= a + slack for a, b in pairs)
+    return all(b >= a - slack for a, b in pairs)
 
 
 @pytest.mark.parametrize(("scenario", "direction"), [s[1:] for s in SCENARIOS], ids=[s[0] for s in SCENARIOS])
@@ -45,7 +49,7 @@ def test_interval_adapts_within_a_few_checkpoints_without_oscillating(scenario, 
     after = [c.interval_steps for c in ckpts[first_after:]]
     settled = after[-1]
     assert (settled < before) if direction == "shorter" else (settled > before)
-    assert all(s == settled for s in after[4:]), after[:8]  # adapted within 4 checkpoints
+    assert all(abs(s - settled) <= 1 for s in after[4:]), after[:8]  # adapted within 4 checkpoints
     assert monotone(after, direction)  # no back and forth
     assert len({c.direction for c in tuner.changes if c.step > MID}) <= 1
     assert trace.overhead(ckpts[first_after + 4].step, STEPS) <= BUDGET  # overhead back under budget
@@ -137,3 +141,20 @@ def test_config_builds_the_adjusters_in_order() -> None:
 def test_tuner_rejects_bad_settings(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         AdaptiveTuner(CFG, **kwargs)
+
+
+def test_the_budget_is_approached_from_below_from_the_first_checkpoints() -> None:
+    # 30% step jitter; the persist (1 s) slows the steps it overlaps by 50%: a checkpoint costs
+    # 20 ms + 1 s × 0.5 / 1.5 ≈ 0.353 s, so 2% of 0.1 s steps allows one every ~177 steps.
+    early, final = [], []
+    for seed in range(6):
+        jitter = np.clip(1 + 0.3 * np.random.default_rng(seed).standard_normal(8001), 0.2, None)
+        scenario = Scenario(iter_time=lambda k, j=jitter: 0.1 * j[k], stall=constant(0.02), persist=constant(1.0),
+                            slowdown=constant(0.5))
+        trace = dry_run(CFG, scenario, 8000, [AdaptiveTuner(CFG)])
+        first = trace.checkpoints[1].step  # the first after the profiling checkpoint
+        early.append(trace.overhead(first, first + 1500))
+        final.append(trace.checkpoints[-1].interval_steps)
+    # the first ~8 checkpoints keep the budget (a mean of a noisy first measurement did not)
+    assert float(np.median(early)) <= BUDGET and max(early) <= 1.05 * BUDGET, early
+    assert all(177 <= k <= 2 * 177 for k in final), final  # converged, and not over-cautious

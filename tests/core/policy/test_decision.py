@@ -7,7 +7,9 @@ from autockpt_core.persist.storage import LocalStorage
 from autockpt_core.policy.decision import Adjuster, CheckpointPolicy, IntervalChoice
 from autockpt_core.policy.frontload import FrontLoadedSchedule
 
-READY = Estimates(iter_time_s=0.1, stall_s=0.01, persist_s=0.05, iterations_seen=100, checkpoints_seen=1)
+# the persist's slowdown measured over many loaded iterations: none (its cost is the stall alone)
+READY = Estimates(iter_time_s=0.1, stall_s=0.01, persist_s=0.05, loaded_iter_time_s=0.1, loaded_iterations=50,
+                  loaded_sd_s=0.0, iterations_seen=100, checkpoints_seen=1)
 
 
 class Recorder(Adjuster):

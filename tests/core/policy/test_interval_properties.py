@@ -64,9 +64,28 @@ def test_choice_is_daly_but_never_denser_than_the_bounds(t, stall, persist, mtbf
 
 def test_background_slowdown_counts_as_checkpoint_cost() -> None:
     # persist 2 s during which iterations run 50% slower: 2 * 0.5 / 1.5 = 0.667 s extra per checkpoint
-    est = Estimates(iter_time_s=0.1, stall_s=0.1, persist_s=2.0, loaded_iter_time_s=0.15)
+    est = Estimates(iter_time_s=0.1, stall_s=0.1, persist_s=2.0, loaded_iter_time_s=0.15, loaded_iterations=13,
+                    loaded_sd_s=0.0)
     assert est.checkpoint_cost_s == pytest.approx(0.1 + 2.0 / 3)
     choice = choose_interval(Config(dirpath="x", overhead_budget=0.02), est)
     assert choice.rule == "budget" and choice.steps == math.ceil((0.1 + 2.0 / 3) / (0.02 * 0.1))
     assert choice.cost_s == pytest.approx(est.checkpoint_cost_s)
     assert "cost 0.767s per checkpoint" in choice.explain()
+
+
+@pytest.mark.parametrize(
+    ("loaded", "sd", "cost"),
+    [
+        (0, None, 0.1 + 2.0),  # nothing measured: the whole persist time, as if training stood still
+        (2, 0.0, 0.1 + 2.0),  # too few loaded iterations to trust
+        (3, 0.0, 0.1 + 2.0 / 3),  # measured, no spread: the mean slowdown (50%)
+        # spread: the upper 95% bound of the slowdown, 0.15 + 4.303 * 0.03 / sqrt(3) -> 124.5%
+        (3, 0.03, 0.1 + 2.0 * (0.15 + 4.303 * 0.03 / math.sqrt(3) - 0.1) / (0.15 + 4.303 * 0.03 / math.sqrt(3))),
+    ],
+)
+def test_the_first_cost_is_bounded_from_above_until_the_slowdown_is_measured(loaded, sd, cost) -> None:
+    est = Estimates(iter_time_s=0.1, stall_s=0.1, persist_s=2.0, loaded_iter_time_s=0.15 if loaded else None,
+                    loaded_iterations=loaded, loaded_sd_s=sd)
+    assert est.checkpoint_cost_s == pytest.approx(cost, rel=1e-3)
+    assert est.checkpoint_cost_s >= 0.1 + est.background_cost_s  # never below the mean estimate
+    assert est.checkpoint_cost_s <= 0.1 + 2.0  # never above the serial bound
