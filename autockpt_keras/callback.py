@@ -59,7 +59,7 @@ from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
 
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
-from .copying import Copier, buffer_pool_for, copier_for
+from .copying import Copier, buffer_pool_for, copier_for, warm_copier
 from .data_stream import find_epoch_iterator
 from .exact_resume import ExactResume
 from .fit_guard import FitGuard
@@ -69,7 +69,8 @@ from .processes import Processes, processes_for
 from .restore import read_checkpoint, restore_checkpoint
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
-from .snapshot import StateSnapshot, manifest_meta, prepare_buffers
+from .snapshot import StateSnapshot, buffer_layout, manifest_meta
+from .state import collect_state
 from .strategies import check_strategy
 
 log = logging.getLogger("autockpt")
@@ -155,6 +156,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._completed_epoch: int | None = None
         self._stopped_mid_epoch = False
         self._buffers_ready = False
+        self._last_loss: Any = None  # the last trained batch's logs["loss"], not read until needed
         self._exact: ExactResume | None = None  # created in on_train_begin
 
     # -- fit() hooks (training thread) --------------------------------------------------------
@@ -229,10 +231,13 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             return
         self._batch = batch
         self._epoch_start = None
-        loss = (logs or {}).get("loss")
-        self._require_driver().step_end(
+        driver = self._require_driver()
+        # read on the host (a device sync on torch and JAX) only where the policy needs every
+        # step's loss; the final checkpoint's check reads the last one
+        self._last_loss = (logs or {}).get("loss")
+        driver.step_end(
             self._global_step(),
-            loss=float(loss) if loss is not None else None,
+            loss=_host_value(self._last_loss) if driver.wants_step_loss else None,
             unclean=self._is_last_batch(batch),  # taken at the next epoch's start, after validation
             prepare=self._prepare_buffers,
         )
@@ -254,7 +259,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         driver = self._require_driver()
         try:
             if self._batch is not None:  # the last epoch trained: the final checkpoint is of its position
-                driver.final(self._global_step())
+                loss, self._last_loss = self._last_loss, None
+                driver.final(self._global_step(), loss=_host_value(loss))
             driver.finish()
         finally:
             self._guard.stop_signals()
@@ -300,10 +306,12 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         return exact.mid_epoch_point(self._epoch, self._batch), self._epoch, self._batch
 
     def _prepare_buffers(self, session: CheckpointSession) -> None:
-        """The first trained batch: every variable exists now; allocate the buffers."""
+        """The first trained batch: every variable exists now; the copier prepares its read and
+        the pool allocates and faults in the buffers in its helper thread while training goes on."""
         if not self._buffers_ready:
             self._buffers_ready = True
-            prepare_buffers(session.buffers, self._require_copier(), self.model)
+            warm_copier(self._require_copier(), collect_state(self.model))
+            session.buffers.prefault(buffer_layout(self.model))
 
     def _nothing_left(self) -> str:
         restored = self.restored
@@ -383,3 +391,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if self._driver is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
         return self._driver
+
+
+def _host_value(loss: Any) -> float | None:
+    """A batch's ``logs["loss"]`` as a Python float (a device sync for a tensor), or None."""
+    return float(loss) if loss is not None else None

@@ -115,6 +115,17 @@ class TensorFlowCopier:
         del tensors  # drop the aliases before training writes the variables again
         return out
 
+    def warm(self, entries: Sequence[StateEntry]) -> None:
+        """Build, trace and run the batched read once, discarding what it returns (on CPU it
+        aliases the variables: nothing is copied), so the first checkpoint does not pay
+        TensorFlow's tracing in its stall. Training thread, before the first checkpoint."""
+        if self._fallback:
+            return
+        try:
+            del self._read(entries)[:]
+        except Exception as exc:  # the first checkpoint falls back to the generic copy, logged there
+            log.info("autockpt: could not prepare the batched TensorFlow read early: %s", exc)
+
     def _read(self, entries: Sequence[StateEntry]) -> list[Any]:
         return list(self._reader_for(entries)())
 
@@ -129,6 +140,13 @@ class TensorFlowCopier:
             self._reader = tf.function(lambda: [v.read_value() for v in captured], autograph=False)
             self._variables = variables
         return self._reader
+
+
+def warm_copier(copier: Copier, entries: Sequence[StateEntry]) -> None:
+    """Let ``copier`` prepare what its first call would pay for (a no-op for copiers without it)."""
+    warm = getattr(copier, "warm", None)
+    if warm is not None:
+        warm(entries)
 
 
 def _tf_host_view(tensor: Any) -> np.ndarray:

@@ -77,7 +77,7 @@ def unique_keys(names: Iterable[str]) -> list[str]:
 
 class ReplicaCopy:
     """One device's copy of a distributed TensorFlow variable, read and assigned like a Keras
-    variable (``value``, ``shape``, ``numpy()``, ``assign()``)."""
+    variable (``value``, ``shape``, ``dtype``, ``numpy()``, ``assign()``)."""
 
     def __init__(self, component: Any) -> None:
         self.value = component  # a tf.Variable on one device
@@ -85,6 +85,10 @@ class ReplicaCopy:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.value.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.value.dtype
 
     def numpy(self) -> Any:
         return self.value.numpy()

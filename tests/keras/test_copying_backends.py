@@ -109,3 +109,32 @@ def test_pinned_pools_only_for_torch_on_cuda() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         assert buffer_pool_for("torch") is None
+
+
+def test_the_first_batch_prepares_the_read_and_prefaults_buffers_the_first_copy_then_reuses() -> None:
+    import keras
+
+    from autockpt_keras.copying import warm_copier
+    from autockpt_keras.snapshot import buffer_layout
+    from autockpt_keras.state import collect_state
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 8), np.float32), np.ones((4, 2), np.float32), epochs=1, verbose=0)
+    entries = collect_state(model)
+    layout = buffer_layout(model)
+    assert [key for key, _, _ in layout] == [e.key for e in entries]
+    assert all(shape == e.shape for (_, shape, _), e in zip(layout, entries))
+    assert {dtype for _, _, dtype in layout} >= {np.dtype("float32")}
+    pool: BufferPool[Any] = BufferPool()
+    copier = TensorFlowCopier()
+    warm_copier(copier, entries)  # traces and runs the batched read; allocates nothing
+    assert pool.allocations == 0 and copier._reader is not None
+    assert pool.prefault(layout)
+    assert pool.settle() is None
+    made = pool.allocations
+    assert made == len(layout)
+    copied = rounds(copier, entries, pool, 1)  # the first checkpoint copies into the prefaulted buffers
+    assert pool.allocations == made
+    np.testing.assert_array_equal(copied[entries[0].key], keras.ops.convert_to_numpy(entries[0].variable.value))
+    warm_copier(torch_copy, entries)  # copiers without a warm-up: nothing happens
