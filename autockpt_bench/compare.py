@@ -239,7 +239,7 @@ def _print(results: dict[str, Any], console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     for t in results["targets"]:
-        console.print(f"{'met' if t['met'] else 'NOT met'}: {t['framework']} {t['workload']}: {t['target']} — {t['measured']}")
+        console.print(f"{report.verdict(t)}: {t['framework']} {t['workload']}: {t['target']} — {t['measured']}")
     for row in results["rows"]:
         for problem in row.get("problems", []):
             console.print(f"[yellow]{row['framework']} {row['workload']} {row['label']}[/yellow]: {problem}")

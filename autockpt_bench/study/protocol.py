@@ -40,7 +40,10 @@ threads; 0 = framework default), ``keras_backend`` (Keras worker), ``out`` (resu
     restore, autockpt's auto-resume) and trains on to global step ``steps`` (a method that
     resumes at an epoch boundary replays that epoch: it ends later than ``steps``; then the
     comparison is at its end). Result keys: ``framework, workload, method, restore_s (time.time() at the end of
-    the first trained step - started_at), load_s (seconds inside the load itself), resumed_step,
+    the first trained step - started_at), imports_s (from started_at until the framework's and the
+    method's packages are imported), load_s (seconds inside the load itself), skip_s (seconds drawing
+    the batches of the resumed epoch already trained, without training on them; None where nothing is
+    drawn: Lightning's StatefulDataLoader and the natives that replay the epoch), resumed_step,
     final_step, max_abs_diff (largest |w - reference|), exact (max_abs_diff == 0)``.
 
 ``goodput``

@@ -59,6 +59,12 @@ def _spread(values: Iterable[float | None]) -> list[float] | None:
     return [min(vals), max(vals)] if len(vals) > 1 else None
 
 
+def _relative_spread(values: Iterable[float | None]) -> float | None:
+    """How far repetitions of one run differ: (max − min) / median (None below two values)."""
+    vals = [v for v in values if v]
+    return (max(vals) - min(vals)) / statistics.median(vals) if len(vals) > 1 else None
+
+
 def _ok(result: dict[str, Any] | None) -> bool:
     return bool(result) and "error" not in result and "skipped" not in result  # type: ignore[operator]
 
@@ -101,6 +107,9 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
     row.update(params=t0.get("params"), state_bytes=t0.get("state_bytes"), format=t0.get("format"), steps=t0.get("steps"))
     row["step_ms"] = _median(r["train"].get("step_s") for r in trains)
     row["step_ms"] = row["step_ms"] * 1e3 if row["step_ms"] is not None else None
+    row["step_spread"] = _relative_spread(r["train"].get("step_s") for r in trains)
+    if row["budget"] is not None:  # the noise the budget is judged against
+        row["baseline_spread"] = _relative_spread(t.get("step_s") for t in base.values())
     row["step_median_ms"] = (_median(r["train"].get("step_s_median") for r in trains) or 0) * 1e3 or None
     slowdowns = [r["train"]["step_s"] / base[r["rep"]]["step_s"] - 1 for r in trains
                  if r["rep"] in base and r["train"].get("step_s") and base[r["rep"]].get("step_s")]
@@ -128,6 +137,8 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
         row["restore_s"] = _median(r.get("restore_s") for r in restores)
         row["restore_spread_s"] = _spread(r.get("restore_s") for r in restores)
         row["load_s"] = _median(r.get("load_s") for r in restores)
+        row["imports_s"] = _median(r.get("imports_s") for r in restores)
+        row["skip_s"] = _median(r.get("skip_s") for r in restores)
         # a checkpoint at the run's last step leaves nothing to resume: no exactness to judge from that restore
         judged = [r for r in restores if r.get("resumed_step") is None or row.get("steps") is None
                   or r["resumed_step"] < row["steps"]]
@@ -164,17 +175,34 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if row.get("reported_overhead") is not None:
                 how += f"; autockpt reported {row['reported_overhead'] * 100:.1f}%"
                 how += f" ±{row['reported_band'] * 100:.1f}" if row.get("reported_band") is not None else ""
+            noise = row.get("baseline_spread")
+            if noise is not None:
+                how += f"; baselines spread {noise * 100:.1f}%"
+            verdict = budget_verdict(row["slowdown"], row["budget"], noise)
             out.append({"framework": row["framework"], "workload": row["workload"],
                         "target": f"slowdown ≤ {row['budget'] * 100:g}% budget",
                         "measured": f"{row['slowdown'] * 100:+.1f}% ({how})",
-                        "met": row["slowdown"] <= row["budget"]})
+                        "met": verdict == "met", "verdict": verdict})
     return out
+
+
+def verdict(target: dict[str, Any]) -> str:
+    """A target's result in words: its ``verdict`` where it has one, else "met" or "NOT met"."""
+    return str(target.get("verdict") or ("met" if target["met"] else "NOT met"))
+
+
+def budget_verdict(slowdown: float, budget: float, baseline_spread: float | None) -> str:
+    """"met" or "missed"; "below noise" when the baselines' own spread across repetitions is at
+    least the budget: this machine cannot tell a slowdown of that size from noise."""
+    if baseline_spread is not None and baseline_spread >= budget:
+        return "below noise"
+    return "met" if slowdown <= budget else "missed"
 
 
 # -- tables ------------------------------------------------------------------------------------
 
 HEAD = ["framework", "workload", "method", "step ms", "slowdown (spread)", "interval", "blocked ms (first)",
-        "÷ native sync", "save ms", "size", "format", "restore s (load)", "extra RAM", "exact resume"]
+        "÷ native sync", "save ms", "size", "format", "restore s (imports/load/skip)", "extra RAM", "exact resume"]
 
 
 def _fmt(value: Any, spec: str, missing: str = "-") -> str:
@@ -202,7 +230,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
             f"{_fmt(r.get('blocked_ms'), '.1f')} ({_fmt(r.get('blocked_first_ms'), '.0f')})" if r["kind"] != "none" else "-",
             _fmt(r.get("blocked_vs_native_sync"), ".3f"), _fmt(r.get("save_ms"), ".0f"),
             format_size(r["checkpoint_bytes"]) if r.get("checkpoint_bytes") else "-", r.get("format") or "-",
-            f"{_fmt(r.get('restore_s'), '.1f')} ({_fmt(r.get('load_s'), '.2f')})" if r.get("restore_s") is not None else "-",
+            f"{_fmt(r.get('restore_s'), '.1f')} ({_fmt(r.get('imports_s'), '.1f')}/{_fmt(r.get('load_s'), '.2f')}/"
+            f"{_fmt(r.get('skip_s'), '.2f')})" if r.get("restore_s") is not None else "-",
             format_size(max(0, r["extra_rss_bytes"])) if r.get("extra_rss_bytes") is not None else "-", exact,
         ])
     return out
@@ -243,8 +272,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["| " + " | ".join(r[1:]) + " |" for r in body if r[0] == framework]
         lines.append("")
     if results.get("targets"):
-        lines += ["## Targets", "", "| framework | workload | target | measured | met |", "|---|---|---|---|---|"]
-        lines += [f"| {t['framework']} | {t['workload']} | {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |"
+        lines += ["## Targets", "", "| framework | workload | target | measured | result |", "|---|---|---|---|---|"]
+        lines += [f"| {t['framework']} | {t['workload']} | {t['target']} | {t['measured']} | {verdict(t)} |"
                   for t in results["targets"]]
         lines.append("")
     lines += [
@@ -252,9 +281,12 @@ def markdown(results: dict[str, Any]) -> str:
         "checkpointing in the same repetition; *blocked ms* median training-thread time per checkpoint "
         "(first checkpoint in brackets); *÷ native sync* blocked ÷ the framework's synchronous ModelCheckpoint; "
         "*save ms* start of a save to its file complete; *size* newest checkpoint on disk; *restore s* new "
-        "process to the end of its first trained step (time inside the load in brackets); *extra RAM* peak "
+        "process to the end of its first trained step (in brackets: the imports of the framework and the method, "
+        "the load itself, and the batches drawn without training to reach the checkpoint's position); *extra RAM* peak "
         "RSS above the run without checkpointing; *exact resume* the resumed run's weights at the end vs the "
-        "uninterrupted run's.",
+        "uninterrupted run's. *result* of a budget target: met or missed, or *below noise* where the "
+        "baselines' own spread over the repetitions ((max − min) / median of their step times) is at least "
+        "the budget, so this machine cannot tell a slowdown that small from noise.",
         "",
     ]
     for plot in results.get("plots", []):

@@ -286,7 +286,17 @@ def run_restore(job: Job) -> None:
 
     name, d, spe = job.name, job.dir, job.spe
     started_at = float(job.spec["started_at"])
-    state: dict[str, Any] = {"load_s": None, "restore_s": None, "resumed_step": None}
+    state: dict[str, Any] = {"load_s": None, "restore_s": None, "resumed_step": None, "skip_s": None}
+    if name.startswith("autockpt"):
+        import autockpt_keras  # noqa: F401 - what autockpt adds to a restart's imports
+        from autockpt_keras.skipping import SkipSteps
+
+        def skipped(seconds: float, args: tuple[Any, ...], out: Any) -> None:
+            state["skip_s"] = (state["skip_s"] or 0.0) + seconds
+
+        for method_name in ("_draw", "_drop"):  # the batches already trained, drawn without training
+            wrap_call(SkipSteps, method_name, after=skipped)
+    state["imports_s"] = time.time() - started_at
     callbacks: list[Any] = []
     initial_epoch = 0
 
@@ -345,7 +355,8 @@ def run_restore(job: Job) -> None:
         raise ValueError(f"nothing to restore with method {name!r}")
 
     def finish(final_step: int) -> None:
-        result = {**job.base(), "restore_s": state["restore_s"], "load_s": state["load_s"],
+        result = {**job.base(), "restore_s": state["restore_s"], "imports_s": state["imports_s"],
+                  "load_s": state["load_s"], "skip_s": state["skip_s"],
                   "resumed_step": state["resumed_step"], "final_step": final_step}
         finish_restore(job.spec, result, weights_of(model))
         sys.stdout.flush()

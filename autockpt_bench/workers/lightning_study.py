@@ -275,6 +275,9 @@ class LoadTimer:
 def restore(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> None:
     from . import lightning_models as models
 
+    if method["name"].startswith("autockpt"):
+        import autockpt_lightning  # noqa: F401 - what autockpt adds to a restart's imports
+    imports_s = time.time() - float(spec["started_at"])
     name, steps = method["name"], int(spec["steps"])
     probe = Probe(steps)
     load = LoadTimer()
@@ -298,7 +301,9 @@ def restore(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) ->
     first = probe.first_step_t if probe.first_step_t is not None else time.time()  # nothing left to train
     result = {
         "framework": "lightning", "workload": workload.name, "method": name,
-        "restore_s": first - float(spec["started_at"]), "load_s": load.seconds,
+        "restore_s": first - float(spec["started_at"]), "imports_s": imports_s, "load_s": load.seconds,
+        # the StatefulDataLoader puts its sampler back by index: no batch is drawn to skip
+        "skip_s": None,
         "resumed_step": probe.resumed_step if probe.resumed_step is not None else trainer.global_step,
         "final_step": trainer.global_step,
     }

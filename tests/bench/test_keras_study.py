@@ -52,7 +52,8 @@ TRAIN_KEYS = {"framework", "workload", "method", "params", "state_bytes", "steps
               "checkpoint_steps", "blocked_s", "save_s", "checkpoint_bytes", "format", "peak_rss_bytes", "threads"}
 #: autockpt's runs also give the overhead it reported (beside the slowdown measured against a baseline)
 REPORTED = {"reported_overhead", "reported_band"}
-RESTORE_KEYS = {"framework", "workload", "method", "restore_s", "load_s", "resumed_step", "final_step", "max_abs_diff", "exact"}
+RESTORE_KEYS = {"framework", "workload", "method", "restore_s", "imports_s", "load_s", "skip_s", "resumed_step",
+                "final_step", "max_abs_diff", "exact"}
 
 
 def test_models_match_param_count() -> None:
@@ -77,6 +78,9 @@ def test_autockpt_train_then_restore_is_exact(tmp_path: Path) -> None:
     assert restore["resumed_step"] == 20 and restore["final_step"] == 25
     assert restore["exact"] is True and restore["max_abs_diff"] == 0.0
     assert 0 < restore["load_s"] < restore["restore_s"]
+    assert 0 < restore["imports_s"] < restore["restore_s"]
+    assert SMALL.steps_per_epoch > 20  # step 20 is mid-epoch: its 20 batches were drawn, not trained
+    assert 0 < restore["skip_s"] < restore["restore_s"]
 
 
 def test_modelcheckpoint_h5_train_then_restore_replays_the_epoch(tmp_path: Path) -> None:

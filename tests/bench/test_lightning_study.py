@@ -28,7 +28,8 @@ TRAIN_KEYS = {
 #: autockpt's runs also give the overhead it reported (beside the slowdown measured against a baseline)
 REPORTED = {"reported_overhead", "reported_band"}
 RESTORE_KEYS = {
-    "framework", "workload", "method", "restore_s", "load_s", "resumed_step", "final_step", "max_abs_diff", "exact",
+    "framework", "workload", "method", "restore_s", "imports_s", "load_s", "skip_s", "resumed_step", "final_step",
+    "max_abs_diff", "exact",
 }
 SMALL = QUICK["small"]
 
@@ -103,6 +104,7 @@ def test_autockpt_train_then_restore_is_exact(tmp_path: Path) -> None:
     assert (restore["resumed_step"], restore["final_step"]) == (20, 25)
     assert restore["exact"] is True and restore["max_abs_diff"] == 0.0
     assert 0 < restore["load_s"] < restore["restore_s"]
+    assert 0 < restore["imports_s"] < restore["restore_s"] and restore["skip_s"] is None
 
 
 def test_modelcheckpoint_train_then_restore(tmp_path: Path) -> None:
