@@ -61,6 +61,7 @@ def test_shared_arrays_are_ranges_of_one_segment_and_share_arrays_round_trips() 
 @needs_shm
 @pytest.mark.parametrize("tensors", [1000, 5000])
 def test_the_open_descriptors_do_not_grow_with_the_number_of_buffers(tensors: int) -> None:
+    gc.collect()  # descriptors of earlier tests' garbage would close inside this test's count
     before = _open_fds()
     arena = SharedArena(segment_bytes=1 << 20)  # small segments: many of them if growth were linear
     pool = numpy_shared_pool(arena)
