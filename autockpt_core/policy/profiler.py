@@ -16,7 +16,7 @@ import statistics
 import threading
 from collections import deque
 
-from .stats import t_quantile
+from .stats import mean_sd, t_quantile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,14 +212,16 @@ class Profiler:
     def estimates(self) -> Estimates:
         """Current medians; safe to call from any thread."""
         with self._lock:
+            clean = self._iteration_estimate()
+            loaded_mean, loaded_sd = _capped_mean_sd(self._loaded_iter, clean)
             return Estimates(
-                iter_time_s=self._iteration_estimate(),
+                iter_time_s=clean,
                 stall_s=_median(self._stall),
                 persist_s=_median(self._persist),
                 checkpoint_bytes=int(statistics.median(self._bytes)) if self._bytes else None,
-                loaded_iter_time_s=_capped_mean(self._loaded_iter, self._iteration_estimate()),
+                loaded_iter_time_s=loaded_mean,
                 loaded_iterations=len(self._loaded_iter),
-                loaded_sd_s=_capped_sd(self._loaded_iter, self._iteration_estimate()),
+                loaded_sd_s=loaded_sd,
                 recent_iter_time_s=_median(self._recent),
                 iter_sd_s=_robust_sd(self._iter),
                 iterations_seen=self._iterations,
@@ -242,27 +244,19 @@ class Profiler:
 OUTLIER_CAP = 5.0
 
 
-def _capped_mean(values: deque[float], clean: float | None) -> float | None:
-    """Mean of ``values`` with each capped at OUTLIER_CAP x the clean median.
+def _capped_mean_sd(values: deque[float], clean: float | None) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation of ``values``, each capped at OUTLIER_CAP x the clean
+    median (mean None when empty, standard deviation None below two values).
 
     The mean (not the median) keeps the whole cost of a persist that slows a few iterations a
     lot; the cap stops one extreme outlier (a page-cache flush) from turning it into a
-    1000% slowdown.
+    1000% slowdown. One pass of ``stats.mean_sd``: this runs after every step.
     """
     if not values:
-        return None
-    if clean is None or clean <= 0:
-        return statistics.fmean(values)
-    cap = OUTLIER_CAP * clean
-    return statistics.fmean(min(v, cap) for v in values)
-
-
-def _capped_sd(values: deque[float], clean: float | None) -> float | None:
-    """Sample standard deviation of ``values`` capped as in :func:`_capped_mean` (None below 2)."""
-    if len(values) < 2:
-        return None
+        return None, None
     cap = OUTLIER_CAP * clean if clean is not None and clean > 0 else math.inf
-    return statistics.stdev(min(v, cap) for v in values)
+    mean, sd = mean_sd([min(v, cap) for v in values])
+    return mean, (sd if len(values) > 1 else None)
 
 
 def _robust_sd(values: deque[float]) -> float | None:
