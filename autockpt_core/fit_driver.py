@@ -40,7 +40,7 @@ import signal
 import threading
 import time
 import warnings
-from typing import Callable
+from typing import Callable, SupportsFloat
 
 from .checkpoint_event import CheckpointEvent
 from .config import Config
@@ -137,7 +137,7 @@ class FitDriver:
         self.resumed_from: int | None = None
         self.saved_step: int | None = None  # the newest checkpoint's step (taken or resumed)
         self.trained = False  # an optimizer step ran in this fit
-        self.last_loss: float | None = None  # process 0
+        self.last_loss: SupportsFloat | None = None  # process 0, not read on the host until needed
 
     @property
     def writes(self) -> bool:
@@ -188,15 +188,16 @@ class FitDriver:
         if signum is not None:
             self._act_on_signal(step, signum, saved=False)
 
-    def step_end(self, step: int, *, loss: float | None = None, unclean: bool = False,
+    def step_end(self, step: int, *, loss: SupportsFloat | None = None, unclean: bool = False,
                  prepare: Callable[[CheckpointSession], None] | None = None) -> None:  # fmt: skip
         """Collective, after every optimizer step: process 0 decides, every process agrees, then
         the checkpoint (or its deferral) and a signal any process received.
 
         ``loss`` and ``unclean`` are read on process 0 only; ``prepare(session)`` runs there
-        before the decision (buffer allocation), its error raised on every process. ``loss`` is
-        needed only where :attr:`wants_step_loss` (reading it may wait for a GPU); the final
-        check of a finite loss takes it from :meth:`final`.
+        before the decision (buffer allocation), its error raised on every process. ``loss`` may
+        be a device tensor: it is read on the host (``float``, which may wait for a GPU) only
+        where the policy needs every step's loss (the front-loaded schedule fits the loss
+        curve), and the last one by :meth:`final`.
         """
         self.trained = True
         times = self._step_clock.lap()
@@ -207,7 +208,8 @@ class FitDriver:
             try:
                 if prepare is not None:
                     prepare(session)
-                decision = session.step_end(step, loss=loss)
+                every_step = loss is not None and self.config.schedule == "front_loaded"
+                decision = session.step_end(step, loss=float(loss) if every_step else None)
                 save, reason = decision.save, decision.reason
             except Exception as exc:  # a background write error: every process stops with it
                 error = exc
@@ -242,22 +244,15 @@ class FitDriver:
 
     # -- end ----------------------------------------------------------------------------------
 
-    @property
-    def wants_step_loss(self) -> bool:
-        """True when the policy reads every step's loss (the front-loaded schedule fits the loss
-        curve); otherwise adapters pass the last loss to :meth:`final` only."""
-        return self.session is not None and self.config.schedule == "front_loaded"
-
-    def final(self, step: int, *, unclean: bool = False, loss: float | None = None) -> None:
+    def final(self, step: int, *, unclean: bool = False) -> None:
         """Collective, at the end of training: the final checkpoint (``save_on_train_end``), or a
         deferred one still due; none when the newest checkpoint holds ``step``, nothing was
-        trained, or process 0's last loss (``loss``, else the last one ``step_end`` had) is not
-        finite (a warning names the checkpoint kept)."""
+        trained, or process 0's last loss is not finite (a warning names the checkpoint kept)."""
         deferral, self._deferral = self._deferral, None
         deferred = deferral.reason if deferral is not None else None
         reason = deferred if deferred is not None and not self.save_on_train_end else FINAL_REASON
         take = (self.save_on_train_end or deferred is not None) and self.trained and step != self.saved_step
-        loss = loss if loss is not None else self.last_loss
+        loss = float(self.last_loss) if take and self.last_loss is not None else None
         if take and self.session is not None and loss is not None and not math.isfinite(loss):
             warnings.warn(
                 f"autockpt: no final checkpoint: the last loss is {loss}; the newest checkpoint stays "

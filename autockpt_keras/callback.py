@@ -156,7 +156,6 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._completed_epoch: int | None = None
         self._stopped_mid_epoch = False
         self._buffers_ready = False
-        self._last_loss: Any = None  # the last trained batch's logs["loss"], not read until needed
         self._exact: ExactResume | None = None  # created in on_train_begin
 
     # -- fit() hooks (training thread) --------------------------------------------------------
@@ -231,13 +230,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             return
         self._batch = batch
         self._epoch_start = None
-        driver = self._require_driver()
-        # read on the host (a device sync on torch and JAX) only where the policy needs every
-        # step's loss; the final checkpoint's check reads the last one
-        self._last_loss = (logs or {}).get("loss")
-        driver.step_end(
+        self._require_driver().step_end(
             self._global_step(),
-            loss=_host_value(self._last_loss) if driver.wants_step_loss else None,
+            loss=(logs or {}).get("loss"),  # may be a device value: the driver reads it only when needed
             unclean=self._is_last_batch(batch),  # taken at the next epoch's start, after validation
             prepare=self._prepare_buffers,
         )
@@ -259,8 +254,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         driver = self._require_driver()
         try:
             if self._batch is not None:  # the last epoch trained: the final checkpoint is of its position
-                loss, self._last_loss = self._last_loss, None
-                driver.final(self._global_step(), loss=_host_value(loss))
+                driver.final(self._global_step())
             driver.finish()
         finally:
             self._guard.stop_signals()
@@ -391,8 +385,3 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if self._driver is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
         return self._driver
-
-
-def _host_value(loss: Any) -> float | None:
-    """A batch's ``logs["loss"]`` as a Python float (a device sync for a tensor), or None."""
-    return float(loss) if loss is not None else None

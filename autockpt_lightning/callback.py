@@ -119,7 +119,6 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._preemption: PreemptionHandler | None = None
         self._last_step: int | None = None
         self._step_epoch: int | None = None  # the 0-based epoch the last optimizer step was trained in
-        self._last_loss: torch.Tensor | float | None = None  # not read on the host until needed
         self._warned_loaders = False
         self._hidden_lightning_warning: tuple[Any, ...] | None = None
 
@@ -201,13 +200,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._step_epoch = trainer.current_epoch  # at train end current_epoch counts the epochs done
         driver = self._require_driver()
         writes = driver.writes
-        # read on the host (a GPU sync) only where the policy needs every step's loss; the
-        # final checkpoint's check reads the last one
-        loss = _loss_of(outputs) if writes else None
-        self._last_loss = loss
         driver.step_end(
             step,
-            loss=_host_value(loss) if driver.wants_step_loss else None,
+            loss=_loss_of(outputs) if writes else None,  # a tensor: the driver reads it only when needed
             unclean=writes and not _resume.at_clean_boundary(trainer),
             prepare=self._warm_buffers if self._sharded is None else None,  # DCP stages into its own buffers
         )
@@ -232,12 +227,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         driver = self._require_driver()
         # At an epoch's end Lightning does not continue bitwise exactly (see at_clean_boundary):
         # a rerun with more epochs resumes from the checkpoint before this one (auto_resume.py).
-        loss, self._last_loss = self._last_loss, None
-        driver.final(
-            trainer.global_step,
-            unclean=driver.writes and not _resume.at_clean_boundary(trainer),
-            loss=_host_value(loss),
-        )
+        driver.final(trainer.global_step, unclean=driver.writes and not _resume.at_clean_boundary(trainer))
         driver.finish()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -389,8 +379,3 @@ def _loss_of(outputs: Any) -> torch.Tensor | float | None:
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):
         return float(loss)
     return None
-
-
-def _host_value(loss: torch.Tensor | float | None) -> float | None:
-    """``loss`` as a Python float (a device sync for a CUDA tensor)."""
-    return float(loss) if loss is not None else None
