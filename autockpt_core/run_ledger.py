@@ -10,8 +10,6 @@ against clean steps, with its noise; never the blocked time alone.
 
 from __future__ import annotations
 
-from typing import Callable
-
 from .config import Config
 from .persist import BufferPool
 from .policy import Estimates
@@ -21,10 +19,9 @@ from .summary import RunSummary
 
 
 class RunLedger:
-    """Counters of one session; ``clock`` is the session's."""
+    """Counters of one session; ``warmup_steps``: steps the overhead does not count."""
 
-    def __init__(self, clock: Callable[[], float], warmup_steps: int = 0) -> None:
-        self._clock = clock
+    def __init__(self, warmup_steps: int = 0) -> None:
         self.meter = OverheadMeter(warmup_steps)
         self.start_time: float | None = None
         self.total_stall = 0.0

@@ -111,7 +111,7 @@ class CheckpointSession:
         # Explicit adjusters replace the ones the config asks for (adaptive, front_loaded).
         adjusters = interval_adjuster if interval_adjuster is not None else adjusters_from_config(config)
         self.policy = CheckpointPolicy(config, adjusters)
-        self.ledger = RunLedger(clock, config.warmup_steps)
+        self.ledger = RunLedger(config.warmup_steps)
         self.last_decision: Decision | None = None
         self._last_step_time: float | None = None
         self._stall_since_last_step = 0.0

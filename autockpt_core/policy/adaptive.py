@@ -52,7 +52,7 @@ import statistics
 from ..config import Config
 from .decision import Adjuster, IntervalChoice, choose_interval
 from .profiler import Estimates
-from .stats import clearly_different, mean_sd, t_quantile
+from .stats import clearly_different, excess_sd, mean_sd, t_quantile
 
 log = logging.getLogger("autockpt")
 
@@ -93,8 +93,7 @@ class Window:
         """
         if self.clean_iter_s is None or self.clean_n == 0:
             return 0.0
-        loaded = max(self.steps - self.clean_n, 0)
-        return self.clean_sd * math.sqrt(loaded + loaded * loaded / self.clean_n)
+        return excess_sd(self.clean_sd, max(self.steps - self.clean_n, 0), self.clean_n)
 
 
 @dataclasses.dataclass(frozen=True)

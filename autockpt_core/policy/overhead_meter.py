@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .stats import excess_sd
+
 #: Half-width of the band shown with an overhead, in standard deviations (about 95%).
 BAND_SD = 2.0
 
@@ -139,5 +141,5 @@ class OverheadMeter:
         sd = math.sqrt(max(self._clean_m2, 0.0) / (n_c - 1))
         extra = self._loaded_sum + self._blocked - n_l * m
         work = steps * m
-        noise = sd * math.sqrt(n_l + n_l * n_l / n_c)
+        noise = excess_sd(sd, n_l, n_c)
         return Overhead(extra / work, noise / work, steps)

@@ -27,6 +27,13 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
 
 
+def excess_sd(step_sd: float, loaded: int, clean: int) -> float:
+    """Standard deviation of ``Σ loaded steps − loaded · mean(clean steps)`` from step-to-step
+    noise alone: ``loaded`` steps each with spread ``step_sd``, minus ``loaded`` times the
+    clean mean's error, ``step_sd·√(loaded + loaded²/clean)``."""
+    return step_sd * math.sqrt(loaded + loaded * loaded / clean)
+
+
 def clearly_different(
     mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int, rel: float
 ) -> bool:
