@@ -48,12 +48,9 @@ class FitWatch:
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval):
-            frame = self._frame
-            top = sys._current_frames().get(self._thread_id)
-            if frame is not None and top is not None and is_on_stack(frame, top):
+            where = self._left_at()
+            if where is None:
                 continue
-            where = "no frame" if top is None else f"{top.f_code.co_name} ({top.f_code.co_filename}:{top.f_lineno})"
-            del top, frame
             with self._lock:
                 if self._stopped.is_set():
                     return
@@ -63,3 +60,17 @@ class FitWatch:
                         "releasing the session and the directory lock", where)
             self._on_gone()
             return
+
+    def _left_at(self) -> str | None:
+        """None while ``fit()``'s frame is on the training thread's stack, else where that stack is.
+
+        The training thread's frames are referenced only inside this call. Were the loop to hold
+        them while it waits, a ``fit()`` that has returned or raised could have its last reference
+        here, and its locals (a TensorFlow iterator) would be freed in this daemon thread, at the
+        latest while the interpreter finalizes: TensorFlow aborts the process then.
+        """
+        frame = self._frame
+        top = sys._current_frames().get(self._thread_id)
+        if frame is not None and top is not None and is_on_stack(frame, top):
+            return None
+        return "no frame" if top is None else f"{top.f_code.co_name} ({top.f_code.co_filename}:{top.f_lineno})"
