@@ -23,14 +23,17 @@ One copier per backend, each avoiding a fresh numpy allocation per variable:
   Written against Keras 3.15's JAX trainer; tested on CPU (no GPU here).
 - anything else: ``np.copyto(buffer, v.numpy())`` (one temporary per variable).
 
-Threading: training thread only, between steps (the session calls it inside ``save``). The
-returned dict maps keys to pool buffers; they stay valid until the next snapshot, which the
-session starts only after the previous persist finished.
+Threading: training thread only, between steps (the session calls it inside ``save``); the
+TensorFlow copier's one-off preparation (:meth:`TensorFlowCopier.warm`) runs in a helper
+thread that its first call waits for. The returned dict maps keys to pool buffers; they
+stay valid until the next snapshot, which the session starts only after the previous
+persist finished.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,8 +98,10 @@ class TensorFlowCopier:
         self._variables: tuple[Any, ...] = ()
         self._reader: Callable[[], Any] | None = None
         self._fallback = False
+        self._warming: threading.Thread | None = None
 
     def __call__(self, entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
+        self.settle()
         if self._fallback:
             return generic_copy(entries, pool)
         try:
@@ -118,9 +123,31 @@ class TensorFlowCopier:
     def warm(self, entries: Sequence[StateEntry]) -> None:
         """Build, trace and run the batched read once, discarding what it returns (on CPU it
         aliases the variables: nothing is copied), so the first checkpoint does not pay
-        TensorFlow's tracing in its stall. Training thread, before the first checkpoint."""
-        if self._fallback:
+        TensorFlow's tracing in its stall.
+
+        Training thread, before the first checkpoint. The work runs in a helper thread while
+        training goes on (the trace is Python; a training step releases the interpreter lock
+        while TensorFlow computes), so a restart's first step does not wait for it either.
+        Under a ``tf.distribute`` strategy, whose scope is the calling thread's, it runs here.
+        The helper is not a daemon: an interpreter exit waits for it instead of tearing
+        TensorFlow down under it.
+        """
+        if self._fallback or self._warming is not None:
             return
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            self._warm(entries)
+            return
+        self._warming = threading.Thread(target=self._warm, args=(list(entries),), name="autockpt-tf-read-warm")
+        self._warming.start()
+
+    def settle(self) -> None:
+        """Wait until a :meth:`warm` still running is done (training thread)."""
+        if self._warming is not None:
+            self._warming.join()
+
+    def _warm(self, entries: Sequence[StateEntry]) -> None:
         try:
             del self._read(entries)[:]
         except Exception as exc:  # the first checkpoint falls back to the generic copy, logged there

@@ -32,9 +32,11 @@ the start of ``_save_checkpoint`` to the end of ``result()`` on its save future 
 waits on it). After the last step the worker waits for the in-flight write (autockpt
 ``session.flush()``, orbax ``wait_until_finished()``) and ends through ``finish_train``.
 
-``restore``: ``load_s`` is the time in the load call (autockpt ``_restore`` inside its
-``on_train_begin``; ``BackupAndRestore.on_train_begin``; ``load_weights`` / ``load_model`` /
-``checkpoint.restore``); ``resumed_step`` is ``optimizer.iterations`` when training starts;
+``restore``: ``load_s`` is the time the method takes to put the state back, everything it
+needs for that included (autockpt's whole ``on_train_begin``: picking and verifying the
+checkpoint, building the optimizer and the metrics, assigning; ``BackupAndRestore.on_train_begin``;
+``optimizer.build`` with ``load_weights`` or ``checkpoint.restore``, which need it; ``load_model``),
+as the Lightning worker times autockpt's whole ``on_fit_start``; ``resumed_step`` is ``optimizer.iterations`` when training starts;
 training stops when the data position (epoch × steps_per_epoch + batch + 1) reaches ``steps``,
 so a method that replays an epoch ends with ``final_step > steps``. The restoring run takes no
 new checkpoints (its save frequency is set out of reach), except that autockpt still allocates
@@ -312,15 +314,15 @@ def run_restore(job: Job) -> None:
     if name in ("autockpt", "autockpt-budget"):
         model = build_model(job.workload)
         auto = make_autockpt(job.method, d, resume=True, saves=False)
-        wrap_call(auto, "_restore", after=record_load)
+        wrap_call(auto, "on_train_begin", after=record_load)
         callbacks.append(auto)
     elif name == "modelcheckpoint-h5":
         path = max(d.glob("ckpt-*.weights.h5"), default=None)
         if path is None:
             raise FileNotFoundError(f"no ckpt-*.weights.h5 in {d}")
         model = build_model(job.workload)
-        model.optimizer.build(model.trainable_variables)  # as BackupAndRestore does: else Adam's state is skipped
-        load(lambda: model.load_weights(str(path)))
+        # building the optimizer is part of the load, as BackupAndRestore does it: else Adam's state is skipped
+        load(lambda: (model.optimizer.build(model.trainable_variables), model.load_weights(str(path))))
         initial_epoch = h5_step(path, spe) // spe
     elif name == "modelcheckpoint-keras":
         from . import keras_models  # noqa: F401 - registers the custom layer for load_model
@@ -340,16 +342,20 @@ def run_restore(job: Job) -> None:
         if path is None:
             raise FileNotFoundError(f"no orbax step directory in {d}")
         model = build_model(job.workload)
-        model.optimizer.build(model.trainable_variables)
-        load(lambda: model.load_weights(str(d)))  # a root directory: Keras loads its newest step
+        # a root directory: Keras loads its newest step
+        load(lambda: (model.optimizer.build(model.trainable_variables), model.load_weights(str(d))))
         initial_epoch = int(path.name) // spe
     elif name == "tf-manager":
         model = build_model(job.workload)
-        model.optimizer.build(model.trainable_variables)
-        checkpoint, manager = tf_manager(model, d)
-        if manager.latest_checkpoint is None:
-            raise FileNotFoundError(f"no tf checkpoint in {d}")
-        load(lambda: checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched())
+
+        def restore_latest() -> None:
+            model.optimizer.build(model.trainable_variables)
+            checkpoint, manager = tf_manager(model, d)
+            if manager.latest_checkpoint is None:
+                raise FileNotFoundError(f"no tf checkpoint in {d}")
+            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+
+        load(restore_latest)
         initial_epoch = iterations(model) // spe
     else:
         raise ValueError(f"nothing to restore with method {name!r}")

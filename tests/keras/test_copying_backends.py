@@ -5,6 +5,7 @@ copier (JAX is not installed: fakes with JAX's method names) copy into pooled bu
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -128,7 +129,12 @@ def test_the_first_batch_prepares_the_read_and_prefaults_buffers_the_first_copy_
     assert {dtype for _, _, dtype in layout} >= {np.dtype("float32")}
     pool: BufferPool[Any] = BufferPool()
     copier = TensorFlowCopier()
-    warm_copier(copier, entries)  # traces and runs the batched read; allocates nothing
+    traced_in: list[str] = []
+    reader_for = copier._reader_for
+    copier._reader_for = lambda e: (traced_in.append(threading.current_thread().name), reader_for(e))[1]  # type: ignore[method-assign]
+    warm_copier(copier, entries)  # traces and runs the batched read in a helper thread; allocates nothing
+    copier.settle()
+    assert traced_in == ["autockpt-tf-read-warm"]
     assert pool.allocations == 0 and copier._reader is not None
     assert pool.prefault(layout)
     assert pool.settle() is None
@@ -137,4 +143,22 @@ def test_the_first_batch_prepares_the_read_and_prefaults_buffers_the_first_copy_
     copied = rounds(copier, entries, pool, 1)  # the first checkpoint copies into the prefaulted buffers
     assert pool.allocations == made
     np.testing.assert_array_equal(copied[entries[0].key], keras.ops.convert_to_numpy(entries[0].variable.value))
+    assert traced_in == ["autockpt-tf-read-warm", threading.current_thread().name]  # the copy reuses the trace
     warm_copier(torch_copy, entries)  # copiers without a warm-up: nothing happens
+
+
+def test_under_a_distribution_strategy_the_read_is_prepared_in_the_calling_thread() -> None:
+    import keras
+
+    from autockpt_keras.copying import warm_copier
+    from autockpt_keras.state import collect_state
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 8), np.float32), np.ones((4, 2), np.float32), epochs=1, verbose=0)
+    copier = TensorFlowCopier()
+    with strategy.scope():  # as in fit(): the scope is this thread's
+        warm_copier(copier, collect_state(model))
+    assert copier._warming is None and copier._reader is not None
