@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import tomllib
-import yaml
 
 from .errors import ConfigError
 from .preemption import DEFAULT_SIGNALS, ON_PREEMPT, signal_names
@@ -250,6 +249,8 @@ class Config:
         if suffix == ".toml":
             data: Any = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
+            import yaml  # here: a run without a YAML file does not pay its import (10 ms)
+
             data = yaml.safe_load(text) or {}
         else:
             raise ConfigError("path", str(path), "has an unknown suffix", "use a .yaml, .yml or .toml file")

@@ -33,7 +33,7 @@ import io
 import os
 import shutil
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -45,7 +45,9 @@ from autockpt_core.persist import LocalStorage
 from autockpt_core.persist.file_set import Checksums, FileSetWrite
 from autockpt_core.persist.tree import iter_leaves
 from autockpt_torch.host_buffers import tensor_nbytes
-from autockpt_torch.sharded import ShardedWriter, read_listings
+
+if TYPE_CHECKING:  # imported where a sharded fit needs it: torch.distributed.checkpoint takes ~50 ms to import
+    from autockpt_torch.sharded import ShardedWriter
 
 from .distributed import raise_if_any_failed
 
@@ -120,6 +122,8 @@ class ShardedSave:
     """See the module docstring. One per fit and rank."""
 
     def __init__(self) -> None:
+        from autockpt_torch.sharded import ShardedWriter
+
         self.writer = ShardedWriter()
 
     def checkpoint(
@@ -161,6 +165,8 @@ class ShardedSave:
                     f.write(metadata.getbuffer())
                     f.flush()
                     os.fsync(f.fileno())
+                from autockpt_torch.sharded import read_listings
+
                 return read_listings(directory)  # each rank checksummed its own files
 
             return Snapshot(
