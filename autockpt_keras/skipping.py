@@ -135,10 +135,39 @@ def build_metrics(model: Any, epoch_iterator: Any | None, batch: Any = None) -> 
     if batch is None:
         return False
     try:
-        model._symbolic_build(data_batch=batch)
+        if not _build_from_outputs(model, batch):
+            model._symbolic_build(data_batch=batch)
     except Exception as exc:  # not fatal: the metrics are built by the first real step instead
         log.info("autockpt: could not build the compiled metrics early: %s", exc)
         return False
+    return True
+
+
+def _build_from_outputs(model: Any, batch: Any) -> bool:
+    """What Keras' ``_symbolic_build`` does for the compiled metrics and loss, from a built
+    functional model's symbolic output instead of a symbolic pass through every layer again
+    (0.09-0.11 s of a restart for the study's 40-layer MLP, 0.01 s this way). False, having
+    built nothing, for a subclassed model or one with a layer not built yet."""
+    from keras.src import backend, tree
+    from keras.src.models.functional import Functional
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    graph = getattr(model, "_functional", None) if not isinstance(model, Functional) else model
+    if not isinstance(graph, Functional) or not all(layer.built for layer in model._flatten_layers()):
+        return False
+
+    def symbolic(value: Any) -> Any:
+        if value is None:
+            return None
+        return backend.KerasTensor(value.shape, backend.standardize_dtype(value.dtype))
+
+    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(tree.map_structure(symbolic, batch))
+    y_pred = graph.output
+    metrics, loss = getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None)
+    if metrics is not None and not metrics.built:
+        backend.compute_output_spec(model.compute_metrics, x, y, y_pred, sample_weight=sample_weight)
+    if loss is not None and not loss.built:
+        backend.compute_output_spec(model._compute_loss, x, y, y_pred, sample_weight=sample_weight, training=False)
     return True
 
 
