@@ -10,7 +10,9 @@ Which batches are the same batches is :mod:`autockpt_keras.data_stream`'s part.
 
 Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
 ``model.train_function``, which ``fit()`` looks up at every batch, the epoch iterator's
-``_current_iterator`` and ``_steps_seen``, and ``model._symbolic_build`` (:func:`build_metrics`).
+``_current_iterator`` and ``_steps_seen``, and for :func:`build_metrics` ``model._symbolic_build``
+or, for a functional model, what it calls (``Functional.output``, ``model.compute_metrics``,
+``model._compute_loss``, ``compute_output_spec``).
 
 Call order: :func:`unwrap_train_function` first in ``on_train_begin`` (a skip left installed
 by a failed ``fit()``); :func:`build_metrics` when the checkpoint is restored; a
