@@ -304,8 +304,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         the pool allocates and faults in the buffers in its helper thread while training goes on."""
         if not self._buffers_ready:
             self._buffers_ready = True
-            warm_copier(self._require_copier(), collect_state(self.model))
-            session.buffers.prefault(buffer_layout(self.model))
+            entries = collect_state(self.model)
+            warm_copier(self._require_copier(), entries)
+            session.buffers.prefault(buffer_layout(entries))
 
     def _nothing_left(self) -> str:
         restored = self.restored

@@ -1,16 +1,16 @@
 """Phase 1 for Keras: copy every variable into the session's reusable buffers and describe the
 checkpoint (file header, manifest entry). The copy is the only time training is blocked.
 
-Call order (training thread): :func:`buffer_layout` handed to the pool's prefault once, at the
-first trained step (profiler warm-up); at each checkpoint the callback passes a :class:`StateSnapshot` to
-``session.save``, which runs it between ``pool.begin_round()`` and ``end_round()``; the
+Call order (training thread): :func:`buffer_layout` handed to the pool's prefault once, at
+the first trained step (profiler warm-up); at each checkpoint the callback passes a
+:class:`StateSnapshot` to ``session.save``, which runs it between ``pool.begin_round()`` and ``end_round()``; the
 returned :class:`~autockpt_core.Snapshot` is written later by the session's writer thread,
 reading the buffers only.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -21,9 +21,7 @@ from autockpt_core import BufferPool, Snapshot
 from .checkpoint_file import file_metadata, make_snapshot
 from .copying import Copier
 from .resume_point import ResumePoint
-from .state import collect_state
-
-log = logging.getLogger("autockpt")
+from .state import StateEntry, collect_state
 
 
 class StateSnapshot:
@@ -85,21 +83,16 @@ def manifest_meta(backend: str, point: ResumePoint, *, batch: int | None, steps_
     }
 
 
-def buffer_layout(model: Any) -> list[tuple[str, tuple[int, ...], np.dtype[Any]]]:
-    """``(key, shape, dtype)`` of every variable a checkpoint copies, for ``BufferPool.prefault``.
+def buffer_layout(entries: Sequence[StateEntry]) -> list[tuple[str, tuple[int, ...], np.dtype[Any]]]:
+    """``(key, shape, dtype)`` of the variables in ``entries`` (``collect_state``), for
+    ``BufferPool.prefault``.
 
     Handed to the pool at the first trained step, so its helper thread allocates and faults in
     the reusable buffers while training goes on: neither a restart's first step nor the first
     (profiling) checkpoint pays the page faults. Variables whose dtype numpy does not name get
-    their buffers at the first checkpoint, as does everything when the state cannot be listed
-    here: this only saves time, it never stops training.
+    their buffers at the first checkpoint: this only saves time, it never stops training.
     """
     layout = []
-    try:
-        entries = collect_state(model)
-    except Exception as exc:  # noqa: BLE001 - the first checkpoint lists it again and raises there
-        log.info("autockpt: could not list the state to prefault its buffers: %s", exc)
-        return layout
     for entry in entries:
         try:
             dtype = np.dtype(keras.backend.standardize_dtype(entry.variable.dtype))

@@ -34,9 +34,11 @@ waits on it). After the last step the worker waits for the in-flight write (auto
 
 ``restore``: ``load_s`` is the time the method takes to put the state back, everything it
 needs for that included (autockpt's whole ``on_train_begin``: picking and verifying the
-checkpoint, building the optimizer and the metrics, assigning; ``BackupAndRestore.on_train_begin``;
-``optimizer.build`` with ``load_weights`` or ``checkpoint.restore``, which need it; ``load_model``),
-as the Lightning worker times autockpt's whole ``on_fit_start``; ``resumed_step`` is ``optimizer.iterations`` when training starts;
+checkpoint, building the optimizer and the metrics, assigning;
+``BackupAndRestore.on_train_begin``; ``optimizer.build`` with ``load_weights`` or
+``checkpoint.restore``, which need it; ``load_model``), as the Lightning worker times
+autockpt's whole ``on_fit_start``; ``resumed_step`` is ``optimizer.iterations`` when
+training starts;
 training stops when the data position (epoch × steps_per_epoch + batch + 1) reaches ``steps``,
 so a method that replays an epoch ends with ``final_step > steps``. The restoring run takes no
 new checkpoints (its save frequency is set out of reach), except that autockpt still allocates

@@ -123,7 +123,7 @@ def test_the_first_batch_prepares_the_read_and_prefaults_buffers_the_first_copy_
     model.compile(optimizer="adam", loss="mse")
     model.fit(np.ones((4, 8), np.float32), np.ones((4, 2), np.float32), epochs=1, verbose=0)
     entries = collect_state(model)
-    layout = buffer_layout(model)
+    layout = buffer_layout(entries)
     assert [key for key, _, _ in layout] == [e.key for e in entries]
     assert all(shape == e.shape for (_, shape, _), e in zip(layout, entries))
     assert {dtype for _, _, dtype in layout} >= {np.dtype("float32")}
