@@ -214,11 +214,13 @@ FORKING_TRAINER = textwrap.dedent(
     state[...] = 1.0
     process = PersistProcess(arena)
     assert process.wait_ready(60)
+    ready, told = os.pipe()
     sleeper = os.fork()
     if sleeper == 0:  # a long-lived helper the training script forked (a data-loader worker, a server)
-        print("forked", flush=True)  # after the fork hooks ran
+        os.write(told, b"x")  # after the fork hooks ran
         time.sleep(120)
         os._exit(0)
+    assert os.read(ready, 1) == b"x"
     print(process.pid, sleeper, flush=True)
     time.sleep(120)
     """
@@ -240,9 +242,7 @@ def _memfd_in(pid: int) -> list[str]:
 def test_a_forked_child_keeps_neither_the_persist_process_nor_the_snapshot_memory_alive() -> None:
     trainer = subprocess.Popen([sys.executable, "-c", FORKING_TRAINER], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert trainer.stdout is not None
-    lines = sorted([trainer.stdout.readline().strip(), trainer.stdout.readline().strip()])
-    assert lines[1] == "forked", lines
-    persist, sleeper = map(int, lines[0].split())
+    persist, sleeper = map(int, trainer.stdout.readline().split())  # printed once the sleeper's fork hooks ran
     try:
         assert _memfd_in(trainer.pid) and _memfd_in(sleeper) == []  # the fork let go of the segments at once
         os.kill(trainer.pid, signal.SIGKILL)
