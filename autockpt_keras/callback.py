@@ -8,8 +8,9 @@ Keras' state: the copy of every variable, the resume point of the data stream an
 
     on_train_begin        check the strategy or JAX processes (strategies.py); session (process
                           0) and driver; look up fit()'s data iterator and check its inputs
-                          (input_checks.py); driver.resume_record, then assign the checkpoint's
-                          state and set model._initial_epoch; install the handlers; driver.begin
+                          (input_checks.py); driver.resume_record (reading the file while
+                          verifying it, whole_read.py), then assign the checkpoint's state and
+                          set model._initial_epoch; install the handlers; driver.begin
     on_epoch_begin        the resumed epoch gets its data order and generators back and skips
                           the batches already trained; driver.boundary (a checkpoint that fell
                           due at the last batch, a signal during validation or epoch-end callbacks)
@@ -45,6 +46,7 @@ import warnings
 from typing import Any, Callable, TypeVar, cast
 
 import keras
+import numpy as np
 
 from autockpt_core import (
     CheckpointRecord,
@@ -57,6 +59,7 @@ from autockpt_core.fit_driver import Due, FitDriver, FitRecords
 from autockpt_core.persist import storage_for
 from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
+from autockpt_core.persist.whole_read import ReadWhileVerifying
 
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
 from .copying import Copier, buffer_pool_for, copier_for, warm_copier
@@ -204,9 +207,12 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             self.config, processes, self.session, self._take, save_on_train_end=self.save_on_train_end,
             preemption=self._guard.preemption, nothing_left=self._nothing_left,
         )  # fmt: skip
-        record = driver.resume_record()
+        reads = ReadWhileVerifying(self.session.storage) if self.session is not None else None
+        record = driver.resume_record(
+            (lambda session: session.resume_record(check=reads.check)) if reads is not None else None
+        )
         if record is not None:
-            self._restore(record)
+            self._restore(record, reads.take(record) if reads is not None else None)
         self._guard.start(self.model, driver.abandon if self.session is not None else None)
         driver.begin(self._global_step())
 
@@ -318,13 +324,14 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
 
     # -- resume (training thread) -------------------------------------------------------------
 
-    def _restore(self, record: CheckpointRecord) -> None:
-        """on_train_begin, every process: the checkpoint's state, and where its epoch resumes."""
+    def _restore(self, record: CheckpointRecord, verified: np.ndarray | None) -> None:
+        """on_train_begin, every process: the checkpoint's state, and where its epoch resumes.
+        ``verified``: the file's bytes, where they were read while verifying it (process 0)."""
         if self.session is not None:
             storage = self.session.storage
         else:
             storage = self._storage or storage_for(self.config.dirpath, self.config.storage_options)
-        arrays, info = read_checkpoint(storage, record, self._processes)
+        arrays, info = read_checkpoint(storage, record, self._processes, verified)
         say = self.config.verbose and self._processes.writes
         restore_checkpoint(self.model, self._require_exact(), arrays, info, say=say)
         self.restored = info

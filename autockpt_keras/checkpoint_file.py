@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mmap
 import os
 import warnings
 from typing import Any, Mapping
@@ -39,6 +38,7 @@ from autockpt_core import (
 from autockpt_core.persist import Storage, location_of
 from autockpt_core.persist.persist_process import PortableWrite
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
+from autockpt_core.persist.whole_read import map_file
 
 from .resume_point import ResumePoint
 
@@ -115,9 +115,12 @@ def make_snapshot(arrays: dict[str, np.ndarray], metadata: Mapping[str, str]) ->
     return Snapshot(write=portable.run, nbytes=nbytes, portable=portable)
 
 
-def read_checkpoint_bytes(data: bytes | memoryview, path: str) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
-    """Parse one checkpoint file's bytes into arrays and :class:`CheckpointInfo`."""
-    arrays, meta = read_tensor_file(data)
+def read_checkpoint_bytes(
+    data: bytes | memoryview | np.ndarray, path: str, copy: bool = True
+) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Parse one checkpoint file's bytes into arrays (copies, or with ``copy=False`` views
+    into ``data``) and :class:`CheckpointInfo`."""
+    arrays, meta = read_tensor_file(data, copy=copy)
     keys = tuple(json.loads(meta["variables"])) if "variables" in meta else tuple(arrays)
     epoch = _opt_int(meta.get("epoch"))
     info = CheckpointInfo(
@@ -163,21 +166,21 @@ def _opt_int(text: str | None) -> int | None:
 
 
 def read_local_file(path: str) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
-    """Read a checkpoint file through a memory map: each tensor is copied out once, so the
-    peak memory is about one copy of the state (not two, as with reading the bytes first)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            raise ValueError(f"{path} is empty")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                return read_checkpoint_bytes(view, path)
-            finally:
-                view.release()
+    """Read a checkpoint file through a copy-on-write memory map: the arrays are writable views
+    of the mapped file (no copy; changes stay in this process), and keep the mapping alive."""
+    data = map_file(path)
+    if not len(data):
+        raise ValueError(f"{path} is empty")
+    return read_checkpoint_bytes(data, path, copy=False)
 
 
-def read_record(storage: Storage, record: CheckpointRecord) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
-    """Read the checkpoint a manifest record names."""
+def read_record(
+    storage: Storage, record: CheckpointRecord, verified: np.ndarray | None = None
+) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
+    """Read the checkpoint a manifest record names; ``verified``: its bytes, already read and
+    verified (``ReadWhileVerifying.take``): the arrays are then views into them."""
+    if verified is not None:
+        return read_checkpoint_bytes(verified, location_of(storage, record.name), copy=False)
     path = storage.local_path(record.name)
     if path is not None:
         return read_local_file(path)
@@ -214,7 +217,8 @@ def load_checkpoint(
     source: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, np.ndarray], CheckpointInfo]:
     """Arrays and info of a checkpoint file, or of the newest valid one in a directory (or
-    under a URL, with fsspec ``storage_options``).
+    under a URL, with fsspec ``storage_options``). The arrays of a local file are writable
+    views of the file mapped copy-on-write (no copy; see :func:`read_local_file`).
 
     Raises ``FileNotFoundError`` when ``source`` is a directory without a Keras checkpoint.
     """

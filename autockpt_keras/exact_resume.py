@@ -42,6 +42,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping
 
+import numpy as np
+
 from autockpt_core import ResumeNotExactWarning
 
 from . import rng
@@ -85,7 +87,8 @@ class ExactResume:
         None when the epoch is replayed from its first batch) and its metric values."""
         point = info.resume
         if point is not None and point.batches_done > 0:
-            self._metric_arrays = {k: arrays[k] for k in info.keys if k.startswith("metrics/")}
+            # copies: the arrays may be views into the whole checkpoint file's bytes
+            self._metric_arrays = {k: np.array(arrays[k]) for k in info.keys if k.startswith("metrics/")}
         if self.backend not in EXACT_BACKENDS:
             point = None  # no exact resume on this backend: the epoch is replayed from batch 0
         self._resume_point = point

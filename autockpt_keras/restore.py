@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 import keras
+import numpy as np
 
 from autockpt_core import AutockptError, CheckpointRecord, ResumeNotExactWarning
 from autockpt_core.persist import Storage
@@ -26,13 +27,14 @@ __all__ = ["read_checkpoint", "restore_checkpoint"]
 
 
 def read_checkpoint(
-    storage: Storage, record: CheckpointRecord, processes: Processes
+    storage: Storage, record: CheckpointRecord, processes: Processes, verified: np.ndarray | None = None
 ) -> tuple[dict[str, Any], CheckpointInfo]:
     """Collective: every process reads the file process 0 chose (so ``dirpath`` must be one
-    they all reach); its arrays and this process's view of its info."""
+    they all reach); its arrays and this process's view of its info. ``verified``: the file's
+    bytes where this process already read them while verifying (process 0)."""
     result, error = None, None
     try:
-        result = read_record(storage, record)
+        result = read_record(storage, record, verified)
     except Exception as exc:
         error = exc
         if not processes.writes:

@@ -74,9 +74,12 @@ def write_tensor_file(
     return total
 
 
-def read_tensor_file(data: bytes | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Parse a safetensors file's bytes; returns (arrays, metadata). Arrays are copies."""
-    view = memoryview(data)
+def read_tensor_file(
+    data: bytes | memoryview | np.ndarray, copy: bool = True
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Parse a safetensors file's bytes; returns (arrays, metadata). Arrays are copies, or with
+    ``copy=False`` views into ``data`` (which they keep alive; writable where ``data`` is)."""
+    view = memoryview(data).cast("B")
     if len(view) < 8:
         raise ValueError("file too short for a safetensors header")
     (length,) = struct.unpack("<Q", view[:8])
@@ -92,7 +95,8 @@ def read_tensor_file(data: bytes | memoryview) -> tuple[dict[str, np.ndarray], d
             raise ValueError(f"tensor {name!r} runs past the end of the file (truncated file?)")
         dtype = _numpy_dtype(info["dtype"])
         flat = np.frombuffer(body[start:end], dtype=dtype)
-        arrays[name] = flat.reshape(info["shape"]).copy()
+        shaped = flat.reshape(info["shape"])
+        arrays[name] = shaped.copy() if copy else shaped
     return arrays, dict(metadata)
 
 

@@ -43,6 +43,7 @@ elif keras.backend.backend() == "torch":
 from safetensors import safe_open  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
+import autockpt_keras.checkpoint_file  # noqa: E402
 from autockpt_core import (  # noqa: E402
     CheckpointWriteError,
     Config,
@@ -51,11 +52,33 @@ from autockpt_core import (  # noqa: E402
     read_manifest,
     storage_for,
 )
-from autockpt_core.persist.storage import fetched  # noqa: E402
+from autockpt_core.persist import whole_read  # noqa: E402
+from autockpt_core.persist.storage import LocalStorage, fetched  # noqa: E402
 from autockpt_keras import AutoCheckpoint, export_weights, latest_checkpoint, restore  # noqa: E402
 from autockpt_keras.callback import LOG_KEYS  # noqa: E402
 from autockpt_keras.state import collect_state, unique_keys  # noqa: E402
 from tests.faults import FailingStorage  # noqa: E402
+
+READS: list[str] = []
+"""The name of a checkpoint file each time it was opened for reading or memory-mapped."""
+
+
+def count_checkpoint_reads() -> None:
+    """From now on, note every read of a local checkpoint file in READS."""
+    open_read, map_file = LocalStorage.open_read, whole_read.map_file
+
+    def counted_open_read(self: LocalStorage, name: str) -> Any:
+        if name.endswith(".safetensors"):
+            READS.append(name)
+        return open_read(self, name)
+
+    def counted_map_file(path: Any) -> Any:
+        READS.append(Path(path).name)
+        return map_file(path)
+
+    LocalStorage.open_read = counted_open_read  # type: ignore[method-assign]
+    whole_read.map_file = autockpt_keras.checkpoint_file.map_file = counted_map_file
+
 
 BATCH = 16
 SAMPLES = 160  # 10 batches per epoch
@@ -93,6 +116,7 @@ class Probe(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: Any = None) -> None:
         self.out["iterations_at_begin"] = int(self.model.optimizer.iterations.numpy())
+        self.out["checkpoint_reads"], READS[:] = list(READS), []  # those of AutoCheckpoint's restore
         info = self.auto.restored
         self.out["restored"] = None if info is None else {
             "path": info.path, "step": info.step, "epoch": info.epoch, "next_epoch": info.next_epoch,
@@ -146,6 +170,7 @@ def train(
     auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=100, warmup_steps=2, verbose=False, **kwargs)
     probe = Probe(auto)
     x, y = data()
+    READS.clear()
     callbacks: list[Any] = [auto, probe] + ([WaitForPersistProcess(auto)] if wait_for_persist else [])
     history = model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=callbacks)
     out = probe.out
@@ -417,6 +442,7 @@ def main() -> None:
             if phase == "mirror-resume":
                 result["local"] = train(workdir / "uninterrupted", epochs=4, seed=SEED, save_on_train_end=False)
         elif phase == "resume":
+            count_checkpoint_reads()
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
             result["outside"] = outside_fit(workdir)

@@ -131,6 +131,12 @@ def test_rerun_resumes_with_restored_state_at_the_next_epoch(results: dict[str, 
     assert run["iterations_at_end"] == 40
 
 
+def test_the_resume_reads_its_checkpoint_file_once(results: dict[str, Any]) -> None:
+    """Verified and parsed from one read (autockpt_core.persist.whole_read), no second pass."""
+    for case, name in (("run", "ckpt-step000000020.safetensors"), ("mid", "ckpt-step000000018.safetensors")):
+        assert results["resume"][case]["checkpoint_reads"] == [name], case
+
+
 def test_mid_epoch_checkpoint_resumes_at_the_next_batch(results: dict[str, Any]) -> None:
     assert results["first"]["mid"]["latest"].endswith("ckpt-step000000018.safetensors")
     mid = results["resume"]["mid"]
