@@ -29,7 +29,7 @@ from autockpt_core.cli.args import budget, duration
 from .bench import machine_info
 from .study import plots, report
 from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json
-from .study.runner import run_case
+from .study.runner import compile_packages, run_case
 from .study.workloads import Workload, preset
 
 HELP = "measure checkpointing cost in Lightning and Keras on small/medium/large workloads, native vs autockpt"
@@ -120,6 +120,7 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
     os.makedirs(out, exist_ok=True)
     scratch = os.path.join(out, "runs")
     console = Console(width=200)
+    compile_packages()
     started = time.perf_counter()
     plan = [(rep, f, w, m) for rep in range(settings["repeats"]) for f in frameworks for w in workloads
             for m in _ordered(plan_methods(f, settings, only), rep)]

@@ -35,7 +35,7 @@ from .study import goodput_report, plots
 from .study.failures import kill_gaps
 from .study.kill_loop import run_until_done
 from .study.protocol import WORKERS, read_events, write_json, write_spec
-from .study.runner import command, worker_env
+from .study.runner import command, compile_packages, worker_env
 from .study.workloads import Workload, preset
 
 HELP = "SIGKILL real training processes at seeded exponential times and measure the wall time to finish per method"
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     console = Console(width=200)
+    compile_packages()
     started = time.perf_counter()
     runs = [_framework_run(f, settings, out, console, workers) for f in frameworks]
     header = {"machine": machine_info(), "date": dt.datetime.now().isoformat(timespec="seconds"),
