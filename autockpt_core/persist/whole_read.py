@@ -5,9 +5,9 @@ CRC-32 over the bytes the restore then uses, and keeps them for the record that 
 the file is read once, not once to verify and once more to load. The adapter parses them
 into views (no copy).
 
-- A local file is memory-mapped copy-on-write (:func:`map_whole`, :func:`map_file`): the CRC pass reads it
-  through the page cache, and the views are the mapped pages themselves, writable, with no
-  memory of the process's own behind them until something writes to them.
+- A local file is memory-mapped copy-on-write (:func:`map_whole`, :func:`map_file`): the CRC
+  pass reads it through the page cache, and the views are the mapped pages themselves,
+  writable, with no memory of the process's own behind them until something writes to them.
 - Any other (an object-store URL) is read into one anonymous buffer in 32 MiB blocks
   (:func:`read_whole`), each block's CRC computed in a helper thread while the next block is
   read (:class:`~.checksum.CrcHelper`; ``readinto`` and ``zlib.crc32`` both release the GIL).
@@ -122,6 +122,9 @@ class ReadWhileVerifying:
             return "file missing"
         path = self.storage.local_path(record.name)
         if path is not None:
+            size = os.path.getsize(path)
+            if size != record.size:  # found without reading the file
+                return f"size {size} != {record.size} in manifest (truncated or torn file)"
             data, crc = map_whole(path)
         else:
             with self.storage.open_read(record.name) as stream:

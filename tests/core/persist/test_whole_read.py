@@ -136,3 +136,11 @@ def test_multi_file_records_are_verified_by_verify_and_not_kept(tmp_path) -> Non
     reads = ReadWhileVerifying(storage)
     assert reads.check(good) is None and reads.take(good) is None
     assert "checksum" in (reads.check(bad) or "")
+
+
+def test_a_local_file_of_the_wrong_size_is_refused_without_reading_it(tmp_path, monkeypatch) -> None:
+    storage = LocalStorage(tmp_path)
+    record = _commit(storage, "c1", 1, b"a" * 100)
+    (tmp_path / "c1").write_bytes(b"a" * 10_000)
+    monkeypatch.setattr(whole_read, "map_whole", lambda path: pytest.fail("read a file of the wrong size"))
+    assert ReadWhileVerifying(storage).check(record) == "size 10000 != 100 in manifest (truncated or torn file)"
