@@ -10,13 +10,15 @@ Keras' state: the copy of every variable, the resume point of the data stream an
                           0) and driver; look up fit()'s data iterator and check its inputs
                           (input_checks.py); driver.resume_record (reading the file while
                           verifying it, whole_read.py), then assign the checkpoint's state and
-                          set model._initial_epoch; install the handlers; driver.begin
+                          set model._initial_epoch; install the handlers; read the step
+                          (step_count.py); driver.begin
     on_epoch_begin        the resumed epoch gets its data order and generators back and skips
-                          the batches already trained; driver.boundary (a checkpoint that fell
+                          the batches already trained; read the step; driver.boundary (a checkpoint that fell
                           due at the last batch, a signal during validation or epoch-end callbacks)
     on_train_batch_begin  mark the batch as skipped or trained
     on_train_batch_end    skipped batches: nothing (the last puts the generators back); else
-                          driver.step_end (the loss, whether it is the epoch's last batch); a
+                          count the step (no device read) and driver.step_end (the loss,
+                          unread, and whether it is the epoch's last batch); a
                           checkpoint copies every variable into the session's buffers
     on_epoch_end          add autockpt_checkpoints, _interval_steps, _stall_ms, _overhead_pct,
                           _overhead_band_pct to the epoch logs (History comes after
@@ -74,6 +76,7 @@ from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, buffer_layout, manifest_meta
 from .state import collect_state
+from .step_count import StepCount
 from .strategies import check_strategy
 
 log = logging.getLogger("autockpt")
@@ -123,7 +126,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
     ("overlap"/"device" log a warning), ``persist_mode="auto"`` keeps the writer thread on the
     torch backend with CUDA, and ``allow_pickle`` has no effect (the files hold no pickles).
 
-    Resume: the global step is ``model.optimizer.iterations``. A rerun continues at the batch
+    Resume: the global step is ``model.optimizer.iterations``, read at the start of ``fit()``
+    and of each epoch and counted per trained batch in between (step_count.py). A rerun continues at the batch
     after the checkpoint's, with the checkpoint's variables and generators, drawing (without
     training on) the batches of the resumed epoch already trained; with reproducible (seeded)
     inputs the final weights are bitwise those of an uninterrupted run. What is not
@@ -160,6 +164,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._stopped_mid_epoch = False
         self._buffers_ready = False
         self._exact: ExactResume | None = None  # created in on_train_begin
+        self._steps = StepCount(self._read_iterations)
 
     # -- fit() hooks (training thread) --------------------------------------------------------
 
@@ -214,7 +219,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if record is not None:
             self._restore(record, reads.take(record) if reads is not None else None)
         self._guard.start(self.model, driver.abandon if self.session is not None else None)
-        driver.begin(self._global_step())
+        driver.begin(self._steps.read_at(self.restored.step if self.restored is not None else None))
 
     @_ends_fit_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -224,7 +229,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._batch = None
         self._stopped_mid_epoch = False
         self._require_exact().epoch_begin(epoch)
-        self._require_driver().boundary(self._global_step())
+        self._require_driver().boundary(self._steps.epoch_begin())
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._exact is not None:
@@ -233,11 +238,12 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
     @_ends_fit_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._require_exact().batch_end(batch):  # a skipped batch: it was drawn, not trained
+            self._steps.skipped(batch)
             return
         self._batch = batch
         self._epoch_start = None
         self._require_driver().step_end(
-            self._global_step(),
+            self._steps.trained(batch),
             loss=(logs or {}).get("loss"),  # may be a device value: the driver reads it only when needed
             unclean=self._is_last_batch(batch),  # taken at the next epoch's start, after validation
             prepare=self._prepare_buffers,
@@ -260,11 +266,11 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         driver = self._require_driver()
         try:
             if self._batch is not None:  # the last epoch trained: the final checkpoint is of its position
-                driver.final(self._global_step())
+                driver.final(self._steps.step)
             driver.finish()
         finally:
             self._guard.stop_signals()
-        driver.end(self._global_step())
+        driver.end(self._steps.step)
 
     # -- what the driver calls (training thread) ----------------------------------------------
 
@@ -370,8 +376,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         metrics = self.session.metrics() if self.session is not None else {}
         return {name: float(metrics.get(source, math.nan)) for name, source in LOG_KEYS.items()}
 
-    def _global_step(self) -> int:
-        # On JAX, Callback.model reattaches fit()'s whole state at every access: read it raw
+    def _read_iterations(self) -> int:
+        """``optimizer.iterations`` (waits for the device). On JAX, Callback.model reattaches
+        fit()'s whole state at every access: read it raw."""
         return global_step(self._model if self._backend == "jax" else self.model, self._backend)
 
     def _put_back_initial_epoch(self) -> None:

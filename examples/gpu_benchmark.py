@@ -17,11 +17,12 @@ context; each section cleans up after itself):
    mean step without) x K), persist time and bytes, extra GPU memory, the copy mode used.
    Every step ends with a wait for the *current* CUDA stream (not the whole device, so the
    copy stream keeps running) before its time mark, in every run alike.
-3. a Lightning fit of ``--default-fit-seconds`` with ``AutoCheckpoint(dirpath)`` and default
-   settings (overhead_budget 2%, snapshot_mode "auto", persist_mode "auto") against the same
-   fit without checkpointing, and without checkpointing but reading the loss each step (what
-   AutoCheckpoint does, a host-device sync per step): wall times and slowdowns, the session's
-   summary and its "auto" trial. No extra syncs in this section.
+3. budget rows: ``--default-fit-rounds`` rounds of a Lightning fit of ``--default-fit-seconds``
+   without checkpointing and with ``AutoCheckpoint(dirpath, overhead_budget=b)`` for each of
+   ``--default-fit-budgets`` (everything else default: snapshot_mode and persist_mode "auto"),
+   in a rotated order per round: median step time and fit wall against the runs without
+   checkpointing, the baseline's spread, the overhead autockpt reported, and per budget
+   "met", "missed" or "below noise" (spread >= budget). No extra syncs in this section.
 
 Prints a table (rich if installed) and writes JSON (``--json``) after every section, so a
 run cut short keeps what it measured. Each section's error is recorded in the JSON
@@ -222,7 +223,6 @@ def fit(
     auto_kwargs: dict[str, Any] | None,
     *,
     timed_steps: bool = True,
-    read_loss: bool = False,
     span_from: int | None = None,
     max_seconds: float | None = None,
 ) -> RunRecord:
@@ -240,11 +240,17 @@ def fit(
     hooks: list[tuple[float, float]] = []
     cuda = device.type == "cuda"
 
+    class SpanStart(Callback):  # before AutoCheckpoint: a checkpoint at span_from is inside the span
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if not timed_steps and trainer.global_step == span_from:
+                if cuda:
+                    torch.cuda.current_stream(device).synchronize()
+                marks[trainer.global_step] = now()
+
     class StepTimer(Callback):
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
-            if read_loss:  # what AutoCheckpoint does each step (_loss_value): a host-device sync
-                loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-                float(loss.detach())
+            if not timed_steps and trainer.global_step == span_from:
+                return  # marked by SpanStart
             if timed_steps or trainer.global_step in (span_from, steps):
                 if cuda:
                     torch.cuda.current_stream(device).synchronize()  # not the copy stream
@@ -265,7 +271,7 @@ def fit(
                 buffers = [e[2] for e in tracked.session.buffers._buffers.values() if e[2].numel()]
                 pinned.append((sum(bool(b.is_pinned()) for b in buffers) if cuda else 0, len(buffers)))
 
-    callbacks: list[Any] = []
+    callbacks: list[Any] = [SpanStart()]
     tracked: Any = None
     if auto_kwargs is not None:
         assert directory is not None
@@ -318,6 +324,7 @@ def fit(
             buffer_peak_bytes=session.buffers.peak_bytes,
             summary=summary.as_dict(),
             summary_line=summary.line(),
+            meter=meter_state(session),
             copy_choice=choice.reason if choice is not None else None,
             trial=None if trial is None else {
                 "candidates": list(trial.candidates), "chosen": trial.chosen,
@@ -331,6 +338,106 @@ def fit(
     if cuda:
         torch.cuda.empty_cache()
     return RunRecord(marks, hooks, windows, wall, extra)
+
+
+def meter_state(session: Any) -> dict[str, Any] | None:
+    """The overhead meter's sums (autockpt_core/policy/overhead_meter.py), to see what its
+    reported overhead is made of: clean and loaded steps, blocked time."""
+    meter = getattr(getattr(session, "ledger", None), "meter", None)
+    if meter is None:
+        return None
+    return {"clean_n": meter._clean_n, "clean_mean_ms": meter._clean_mean * 1e3, "loaded_n": meter._loaded_n,
+            "loaded_mean_ms": meter._loaded_sum / meter._loaded_n * 1e3 if meter._loaded_n else None,
+            "blocked_s": meter._blocked}
+
+
+def keras_fit(
+    device: torch.device,
+    width: int,
+    steps: int,
+    directory: Path | None,
+    auto_kwargs: dict[str, Any] | None,
+    *,
+    timed_steps: bool = True,
+    span_from: int | None = None,
+    max_seconds: float | None = None,
+) -> RunRecord:
+    """The same model and data as :func:`fit` in Keras 3 on its torch backend (the model on
+    ``device``): ``layers`` Dense(width) with ReLU between, Adam, MSE, batches of ``BATCH``
+    cycling through ``POOL`` distinct ones (one epoch each cycle). Marks as :func:`fit`;
+    ``max_seconds`` stops the fit after that long (``extra["steps_done"]``)."""
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+    import numpy as np
+
+    from autockpt_keras import AutoCheckpoint
+
+    if keras.backend.backend() != "torch":
+        raise RuntimeError(f"Keras runs on {keras.backend.backend()!r}, not torch: set KERAS_BACKEND=torch first")
+    marks: dict[int, float] = {}
+    cuda = device.type == "cuda"
+    state = {"step": 0, "start": 0.0}
+
+    class SpanStart(keras.callbacks.Callback):  # before AutoCheckpoint, as in fit()
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if not timed_steps and state["step"] + 1 == span_from:
+                if cuda:
+                    torch.cuda.current_stream(device).synchronize()
+                marks[span_from] = now()
+
+    class StepTimer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            state["step"] += 1
+            step = state["step"]
+            if not timed_steps and step == span_from:
+                pass  # marked by SpanStart
+            elif timed_steps or step in (span_from, steps):
+                if cuda:
+                    torch.cuda.current_stream(device).synchronize()
+                marks[step] = now()
+            elif span_from is not None:
+                marks[-1], marks[-2] = now(), step
+            if step >= steps or max_seconds is not None and now() - state["start"] > max_seconds:
+                self.model.stop_training = True
+
+    callbacks: list[Any] = [SpanStart()]
+    tracked: Any = None
+    if auto_kwargs is not None:
+        assert directory is not None
+        tracked = AutoCheckpoint(str(directory), **auto_kwargs)
+        callbacks.append(tracked)
+    callbacks.append(StepTimer())
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(POOL * BATCH, width)).astype("float32")
+    layers = [keras.Input((width,))]
+    for i in range(LAYERS):
+        layers.append(keras.layers.Dense(width, activation="relu" if i < LAYERS - 1 else None))
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.Adam(1e-5), loss="mse")
+    epochs = -(-(steps + 1) // POOL)
+    if cuda:
+        sync(device)
+    start = state["start"] = now()
+    model.fit(x, x, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    if cuda:
+        sync(device)
+    wall = now() - start
+    extra: dict[str, Any] = {"steps_done": state["step"]}
+    if tracked is not None:
+        summary = tracked.summary
+        extra.update(
+            events=[{"step": e.step, "stall_ms": e.stall_s * 1e3, "reason": e.reason, "nbytes": e.nbytes}
+                    for e in tracked.events],
+            summary=summary.as_dict() if summary is not None else None,
+            summary_line=summary.line() if summary is not None else None,
+            meter=meter_state(tracked.session),
+        )
+    del model, x, tracked
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return RunRecord(marks, [], [], wall, extra)
 
 
 def step_durations(marks: dict[int, float]) -> dict[int, float]:
@@ -466,57 +573,91 @@ def modes_section(
 
 
 def default_fit_section(
-    args: argparse.Namespace, device: torch.device, size: int, root: Path, res: Results, deadline: Deadline
+    args: argparse.Namespace, device: torch.device, size: int, root: Path, res: Results, deadline: Deadline,
+    framework: str = "lightning",
 ) -> None:
-    key = fmt_size(size)
+    """Budget rows: ``--default-fit-rounds`` rounds of a fit without checkpointing and one
+    ``AutoCheckpoint(dirpath, overhead_budget=b)`` fit per ``--default-fit-budgets`` (nothing
+    else set), each round in a rotated order so that no configuration always runs first."""
+    key = f"{framework} {fmt_size(size)}"
     width = mlp_width(size)
-    section: dict[str, Any] = {"nominal_bytes": size, "width": width, "runs": {}}
+    run_fit = keras_fit if framework == "keras" else fit
+    section: dict[str, Any] = {"nominal_bytes": size, "width": width, "framework": framework, "runs": {}, "rows": {}}
     res.doc["default_fit"][key] = section
-    probe = fit(device, width, args.warmup_steps + 40, None, None)  # step time, setup excluded
+    probe = run_fit(device, width, args.warmup_steps + 40, None, None)  # step time, setup excluded
     step_s = max(1e-5, (clean_stats(probe, args.warmup_steps)["mean_step_ms"] or 1.0) / 1e3)
     steps = max(50, int(args.default_fit_seconds / step_s))
-    section.update(steps=steps, probe_step_ms=step_s * 1e3)
-    configs: list[tuple[str, dict[str, Any] | None, bool]] = [
-        ("none", None, False),
-        ("autockpt (defaults)", dict(resume=False), False),
-        ("none + loss read each step", None, True),
-        ("none (again)", None, False),
-    ]
-    for name, auto_kwargs, read_loss in configs:
-        need = args.default_fit_seconds * 1.5 + 5
-        if need > deadline.left():
-            res.skip(f"default_fit/{key}/{name}", f"needs ~{need:.0f}s, {deadline.left():.0f}s left")
-            continue
-        directory = root / f"default-{key}-{len(section['runs'])}"
-        try:
-            warm = args.warmup_steps
-            run = fit(device, width, steps, directory if auto_kwargs is not None else None, auto_kwargs,
-                      timed_steps=False, read_loss=read_loss, span_from=warm,
-                      max_seconds=3 * args.default_fit_seconds + 10)
-            end, last = (steps, run.marks.get(steps)) if steps in run.marks else (run.marks.get(-2), run.marks.get(-1))
-            train_s = last - run.marks[warm] if warm in run.marks and last is not None and end else None
-            n = (end or 0) - warm
-            entry = {"wall_s": run.wall_s if end == steps else None, "train_s": train_s, "train_steps": n,
-                     "step_ms": train_s / n * 1e3 if train_s and n > 0 else None, "truncated": end != steps,
-                     **run.extra}
-            section["runs"][name] = entry
-            print(f"[default {key}] {name}: fit {run.wall_s:.2f}s, {entry['step_ms'] or 0:.3f} ms/step over steps "
-                  f"{warm}-{end}{' (stopped by the time guard)' if end != steps else ''}", flush=True)
-        except Exception as exc:
-            res.error(f"default_fit/{key}/{name}", exc)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-            res.write()
-    for measure in ("step_ms", "wall_s"):  # step_ms: after warm-up, without setup and the final checkpoint
-        nones = [section["runs"][n][measure] for n in ("none", "none (again)") if section["runs"].get(n, {}).get(measure)]
-        if not nones:
-            continue
-        ref = min(nones)
-        section[f"none_noise_{measure}"] = (max(nones) / ref - 1) if len(nones) > 1 else None
-        for entry in section["runs"].values():
-            if entry.get(measure):
-                entry[f"slowdown_{measure}"] = entry[measure] / ref - 1
+    section.update(steps=steps, probe_step_ms=step_s * 1e3, rounds=args.default_fit_rounds)
+    configs: list[tuple[str, dict[str, Any] | None, float | None]] = [("none", None, None)]
+    configs += [(f"autockpt, budget {b:.0%}", dict(resume=False, overhead_budget=b), b) for b in args.default_fit_budgets]
+    for rnd in range(args.default_fit_rounds):
+        shift = rnd % len(configs)
+        for name, auto_kwargs, _ in configs[shift:] + configs[:shift]:
+            need = args.default_fit_seconds * 1.5 + 5
+            if need > deadline.left():
+                res.skip(f"default_fit/{key}/{name}/round {rnd + 1}", f"needs ~{need:.0f}s, {deadline.left():.0f}s left")
+                continue
+            directory = root / f"default-{key}-{rnd}-{len(section['runs'].get(name, []))}-{auto_kwargs is None}"
+            try:
+                warm = args.warmup_steps
+                run = run_fit(device, width, steps, directory if auto_kwargs is not None else None, auto_kwargs,
+                                  timed_steps=False, span_from=warm, max_seconds=3 * args.default_fit_seconds + 10)
+                end, last = ((steps, run.marks.get(steps)) if steps in run.marks
+                             else (run.marks.get(-2), run.marks.get(-1)))
+                train_s = last - run.marks[warm] if warm in run.marks and last is not None and end else None
+                n = (end or 0) - warm
+                entry = {"round": rnd + 1, "wall_s": run.wall_s if end == steps else None, "train_s": train_s,
+                         "train_steps": n, "step_ms": train_s / n * 1e3 if train_s and n > 0 else None,
+                         "truncated": end != steps, **run.extra}
+                section["runs"].setdefault(name, []).append(entry)
+                summ = entry.get("summary") or {}
+                print(f"[default {key}] round {rnd + 1} {name}: fit {run.wall_s:.2f}s, {entry['step_ms'] or 0:.3f} "
+                      f"ms/step over steps {warm}-{end}{' (stopped by the time guard)' if end != steps else ''}"
+                      + (f", {summ.get('checkpoints')} checkpoints, reported overhead {pct(summ.get('overhead'))}"
+                         if summ else ""), flush=True)
+            except Exception as exc:
+                res.error(f"default_fit/{key}/{name}/round {rnd + 1}", exc)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+                res.write()
+    section["rows"] = budget_rows(section["runs"], configs)
     res.write()
+
+
+def budget_rows(runs: dict[str, list[dict[str, Any]]], configs: list[tuple[str, Any, float | None]]) -> dict[str, Any]:
+    """Per configuration: median step time and fit wall, the slowdown of those medians against
+    the runs without checkpointing, the baseline's spread ((max - min) / median of its step
+    times) and, per budget, a verdict: "met" / "missed" where the spread is below the budget,
+    "below noise" where it is not."""
+    def med(name: str, measure: str) -> float | None:
+        return median([r[measure] for r in runs.get(name, []) if r.get(measure)])
+
+    base_steps = [r["step_ms"] for r in runs.get("none", []) if r.get("step_ms")]
+    base = median(base_steps)
+    base_wall = med("none", "wall_s")
+    spread = (max(base_steps) - min(base_steps)) / base if base and len(base_steps) > 1 else None
+    rows: dict[str, Any] = {}
+    for name, _, budget in configs:
+        step_ms, wall_s = med(name, "step_ms"), med(name, "wall_s")
+        reported = [(r.get("summary") or {}).get("overhead") for r in runs.get(name, [])]
+        reported = [x for x in reported if x is not None]
+        row: dict[str, Any] = {
+            "runs": len(runs.get(name, [])), "step_ms": step_ms, "wall_s": wall_s,
+            "step_ms_all": [r.get("step_ms") for r in runs.get(name, [])],
+            "slowdown": step_ms / base - 1 if step_ms and base else None,
+            "wall_slowdown": wall_s / base_wall - 1 if wall_s and base_wall else None,
+            "reported_overhead": median(reported), "budget": budget, "baseline_spread": spread,
+            "checkpoints": median([(r.get("summary") or {}).get("checkpoints") or 0 for r in runs.get(name, [])]),
+            "interval_steps": [(r.get("summary") or {}).get("interval_steps") for r in runs.get(name, [])],
+            "copy_mode": sorted({str((r.get("summary") or {}).get("copy_mode")) for r in runs.get(name, [])}),
+        }
+        if budget is not None and row["slowdown"] is not None and spread is not None:
+            row["verdict"] = ("below noise" if spread >= budget
+                              else "met" if row["slowdown"] <= budget else "missed")
+            if row["reported_overhead"] is not None:
+                row["reported_minus_measured"] = row["reported_overhead"] - row["slowdown"]
+        rows[name] = row
+    return rows
 
 
 # -- output ------------------------------------------------------------------------------------------
@@ -561,19 +702,15 @@ def tables(doc: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
             "reserved GPU"], rows))
     rows = []
     for key, sec in (doc.get("default_fit") or {}).items():
-        for name, r in sec.get("runs", {}).items():
-            summ = r.get("summary") or {}
-            trial = r.get("trial") or {}
-            rows.append([key, name, str(r.get("steps_done")), num(r.get("step_ms"), 3), pct(r.get("slowdown_step_ms")),
-                         num(r.get("wall_s"), 2), pct(r.get("slowdown_wall_s")),
-                         pct(summ.get("overhead")) if summ else "-", str(summ.get("checkpoints", "-")) if summ else "-",
-                         str(summ.get("copy_mode") or "-") if summ else "-", str(trial.get("chosen") or "-"),
-                         str(summ.get("interval_steps") or "-") if summ else "-"])
+        for name, r in (sec.get("rows") or {}).items():
+            rows.append([key, name, str(r.get("runs")), num(r.get("step_ms"), 3), pct(r.get("slowdown")),
+                         num(r.get("wall_s"), 2), pct(r.get("wall_slowdown")), pct(r.get("reported_overhead")),
+                         pct(r.get("baseline_spread")), str(r.get("checkpoints", "-")),
+                         ",".join(r.get("copy_mode") or []) or "-", str(r.get("verdict", "-"))])
     if rows:
-        out.append(("default AutoCheckpoint vs none (no extra syncs)", [
-            "size", "run", "steps", "step ms (after warm-up)", "slowdown", "fit wall s", "wall slowdown",
-            "autockpt's own overhead estimate", "ckpts",
-            "copy mode", "auto chose", "interval steps"], rows))
+        out.append(("AutoCheckpoint with only overhead_budget set vs none (medians over rounds; no extra syncs)", [
+            "size", "run", "runs", "step ms (after warm-up)", "slowdown", "fit wall s", "wall slowdown",
+            "reported overhead", "baseline spread", "ckpts", "copy mode", "budget"], rows))
     return out
 
 
@@ -639,6 +776,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="assumed persist throughput as a fraction of the raw disk floor (for choosing K)")
     p.add_argument("--default-fit-size", default="1GB", help="state size of the default-settings fit ('' skips it)")
     p.add_argument("--default-fit-seconds", type=float, default=10.0, help="length of each run of that fit")
+    p.add_argument("--default-fit-rounds", type=int, default=3, help="rounds of that fit (each: none, then every budget)")
+    p.add_argument("--default-fit-budgets", default="0.02,0.05", help="overhead_budget of each AutoCheckpoint run")
+    p.add_argument("--default-fit-frameworks", default="lightning",
+                   help="lightning and/or keras (Keras 3 on its torch backend), comma-separated")
     p.add_argument("--floor-bytes", default="512MB")
     p.add_argument("--budget-s", type=float, default=170.0, help="soft deadline for the whole run (seconds)")
     p.add_argument("--dir", default=None, help="checkpoint directory (default: a temporary directory; removed)")
@@ -646,6 +787,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.default_fit_budgets = [float(b) for b in args.default_fit_budgets.split(",") if b.strip()]
+    args.default_fit_frameworks = [f.strip() for f in args.default_fit_frameworks.split(",") if f.strip()]
     return args
 
 
@@ -688,6 +831,10 @@ def main(argv: list[str] | None = None) -> int:
             order.append(("default", size))
     if default_size is not None and default_size not in args.sizes:
         order.insert(min(2, len(order)), ("default", default_size))
+    if default_size is not None and "keras" in args.default_fit_frameworks:
+        order.insert(order.index(("default", default_size)) + 1, ("keras-default", default_size))
+    if default_size is not None and "lightning" not in args.default_fit_frameworks:
+        order.remove(("default", default_size))
     for kind, size in order:
         name = f"{kind}/{fmt_size(size)}"
         if device.type == "cuda":
@@ -702,7 +849,8 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "modes":
                 modes_section(args, device, size, root, res, deadline, disk_bps)
             else:
-                default_fit_section(args, device, size, root, res, deadline)
+                default_fit_section(args, device, size, root, res, deadline,
+                                    "keras" if kind == "keras-default" else "lightning")
         except Exception as exc:
             res.error(name, exc)
         res.write()

@@ -202,16 +202,17 @@ for name in ["numpy", "yaml", "fsspec", "rich", "safetensors", "pytest", "hypoth
 EOF
 
 # -- 3. GPU tests ---------------------------------------------------------------------------------
+read -r -a GPU_TEST_ARGS <<< "${GPU_CHECK_GPU_TEST_ARGS:-}"  # e.g. "-k keras"
 want gpu-tests && step gpu-tests "$(limit 140 230)" "$OUT/pytest_gpu.txt" env AUTOCKPT_GPU_REPORT="$OUT/gpu_test_report.json" \
-    "$PY" -m pytest -q -p no:cacheprovider -rA --durations=20 --junitxml="$OUT/pytest_gpu.xml" tests/gpu
+    "$PY" -m pytest -q -p no:cacheprovider -rA --durations=20 --junitxml="$OUT/pytest_gpu.xml" tests/gpu "${GPU_TEST_ARGS[@]}"
 
 # -- 4. GPU benchmark -----------------------------------------------------------------------------
-BENCH_LIMIT=$(limit 185 45)
-BENCH_ARGS=()
+BENCH_LIMIT=$(limit "${GPU_BENCH_LIMIT:-185}" 45)
+read -r -a BENCH_ARGS <<< "${GPU_BENCH_ARGS:-}"  # e.g. "--sizes= --default-fit-frameworks lightning,keras"
 if [ "$(timeout 60 "$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null)" != 1 ]; then
     echo "no CUDA: benchmark plumbing check on the CPU with a tiny state"
     BENCH_ARGS=(--device cpu --sizes 4MB --modes sync,overlap,device --default-fit-size 4MB
-                --default-fit-seconds 2 --clean-steps 30)
+                --default-fit-seconds 2 --default-fit-rounds 1 --clean-steps 30)
 fi
 want benchmark && step benchmark "$BENCH_LIMIT" "$OUT/gpu_benchmark.txt" "$PY" examples/gpu_benchmark.py \
     --json "$OUT/gpu_benchmark.json" --budget-s $((BENCH_LIMIT - 20)) "${BENCH_ARGS[@]}"

@@ -171,6 +171,14 @@ def train(
     probe = Probe(auto)
     x, y = data()
     READS.clear()
+    iteration_reads: list[int] = []
+    read = auto._read_iterations
+
+    def counted_read() -> int:  # the optimizer's step read from the device (a GPU wait)
+        iteration_reads.append(read())
+        return iteration_reads[-1]
+
+    auto._read_iterations = counted_read  # type: ignore[method-assign]
     callbacks: list[Any] = [auto, probe] + ([WaitForPersistProcess(auto)] if wait_for_persist else [])
     history = model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=callbacks)
     out = probe.out
@@ -181,6 +189,7 @@ def train(
         for e in auto.events
     ]
     out["iterations_at_end"] = int(model.optimizer.iterations.numpy())
+    out["iteration_reads"] = iteration_reads
     out["digest"] = weights_digest(model)
     remote = "://" in str(dirpath)  # with a local dirpath, storage_options are the mirror's
     out["latest"] = latest_checkpoint(dirpath, storage_options=kwargs.get("storage_options") if remote else None)
@@ -189,6 +198,24 @@ def train(
     out["persist_mode"] = auto.session.persist_mode.mode if auto.session is not None else None
     out["process_writes"] = auto.session.process_writes if auto.session is not None else None
     return out
+
+
+def loss_scaled(dirpath: Path, epochs: int) -> dict[str, Any]:
+    """A LossScaleOptimizer whose first steps overflow: it skips them, so ``iterations`` falls
+    behind the batches trained; checkpoint steps must still only increase, across a resume."""
+    keras.utils.set_random_seed(SEED)
+    model = make_model()
+    inner = keras.optimizers.Adam(1e-2, name="adam")
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0**127, name="ls"), loss="mse")
+    auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=100, warmup_steps=2, verbose=False)
+    x, y = data()
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[auto])
+    return {
+        "steps": [e.step for e in auto.events],
+        "resumed_from": auto.restored.step if auto.restored is not None else None,
+        "iterations_at_end": int(model.optimizer.iterations.numpy()),
+        "manifest_steps": [r.step for r in read_manifest(storage_for(dirpath))],
+    }
 
 
 def files_report(dirpath: Path) -> list[dict[str, Any]]:
@@ -420,6 +447,7 @@ def main() -> None:
             result["run"] = train(workdir / "run", epochs=2, seed=SEED)
             result["run_files"] = files_report(workdir / "run")
             result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
+            result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=2)
             result["failure"] = storage_failure(workdir)
             result["keywords"] = keywords()
             result["same"] = same_training(result["run"]["digest"])
@@ -445,6 +473,7 @@ def main() -> None:
             count_checkpoint_reads()
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
+            result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=4)
             result["outside"] = outside_fit(workdir)
         else:
             raise SystemExit(f"unknown phase {phase!r}")

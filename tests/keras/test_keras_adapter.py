@@ -149,6 +149,28 @@ def test_mid_epoch_checkpoint_resumes_at_the_next_batch(results: dict[str, Any])
     assert mid["iterations_at_end"] == 40  # as many steps as an uninterrupted 4-epoch run
 
 
+def test_the_step_is_read_from_the_device_once_per_epoch_not_per_batch(results: dict[str, Any]) -> None:
+    """At the fit's start and each epoch's start (each read waits for a GPU); counted between."""
+    first, resumed = results["first"]["run"], results["resume"]["run"]
+    assert first["iteration_reads"] == [0, 0, 10]  # 2 epochs of 10 batches
+    assert resumed["iteration_reads"] == [20, 20, 30]  # resumed at epoch 2 of 4
+    assert [e["step"] for e in first["events"]][-1] == first["iterations_at_end"] == 20
+    mid = results["resume"]["mid"]  # resumed mid-epoch at step 18: the drawn batches are not counted
+    assert [e["step"] for e in mid["events"]] == list(range(21, 40, 3)) and mid["iterations_at_end"] == 40
+
+
+def test_steps_the_optimizer_skipped_still_count_and_steps_only_increase(results: dict[str, Any]) -> None:
+    """A LossScaleOptimizer skips its first, overflowing steps (3 or 4, by backend): iterations
+    ends behind the 20 batches trained; the steps count batches and go on from 20 after a resume."""
+    first, resumed = results["first"]["loss_scaled"], results["resume"]["loss_scaled"]
+    assert 0 < first["iterations_at_end"] < 20
+    assert first["steps"][-1] == 20 and first["steps"] == sorted(set(first["steps"]))
+    assert resumed["resumed_from"] == 20
+    assert resumed["iterations_at_end"] < 40
+    assert min(resumed["steps"]) > 20 and resumed["steps"][-1] == 40
+    assert resumed["manifest_steps"] == sorted(set(resumed["manifest_steps"]))
+
+
 def test_constructor_mirrors_every_config_field(results: dict[str, Any]) -> None:
     assert results["first"]["keywords"] == {"missing": [], "wrong_default": []}
 
