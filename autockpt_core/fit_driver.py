@@ -13,6 +13,7 @@ Call order (training thread; ``abandon`` from any thread)::
     resume_record(pick)    process 0 picks the checkpoint to resume; every process gets it
     resumed(step)          a resume restored ``step``: no checkpoint of it is taken again
     begin(step)            training starts: the session's clock and this process's step clock
+    expect_end(step)       the step training will end after, where the adapter knows it (any time)
     boundary(step)         between steps, not after one (Lightning's train start, Keras' epoch
                            start): a checkpoint deferred to here, then a signal on any process
     step_end(step, ...)    after every optimizer step: decide (process 0), agree, checkpoint or
@@ -172,6 +173,13 @@ class FitDriver:
         if self.session is not None:
             self.session.start(step)
         self._step_clock.start()
+
+    def expect_end(self, step: int | None) -> None:
+        """The adapter's estimate of the step training ends after (None: not known). With
+        ``save_on_train_end`` the policy skips an interval checkpoint that the final one would
+        follow before it is durable."""
+        if self.session is not None:
+            self.session.expect_end(step if self.save_on_train_end else None)
 
     # -- boundaries ---------------------------------------------------------------------------
 

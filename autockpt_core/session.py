@@ -236,6 +236,11 @@ class CheckpointSession:
         self._last_step_time = now
         self.policy.start(now, step)
 
+    def expect_end(self, step: int | None) -> None:
+        """Training ends after ``step`` with a final checkpoint (None: not known, or none);
+        see :meth:`CheckpointPolicy.expect_end`."""
+        self.policy.expect_end(step)
+
     def step_end(self, step: int, loss: float | None = None) -> Decision:
         """Record one finished optimizer step and decide whether to checkpoint now."""
         self.store.raise_if_failed()

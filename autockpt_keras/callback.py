@@ -13,7 +13,8 @@ Keras' state: the copy of every variable, the resume point of the data stream an
                           set model._initial_epoch; install the handlers; read the step
                           (step_count.py); driver.begin
     on_epoch_begin        the resumed epoch gets its data order and generators back and skips
-                          the batches already trained; read the step; driver.boundary (a checkpoint that fell
+                          the batches already trained; read the step; driver.expect_end (the
+                          epochs left × batches per epoch); driver.boundary (a checkpoint that fell
                           due at the last batch, a signal during validation or epoch-end callbacks)
     on_train_batch_begin  mark the batch as skipped or trained
     on_train_batch_end    skipped batches: nothing (the last puts the generators back); else
@@ -76,7 +77,7 @@ from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, buffer_layout, manifest_meta
 from .state import collect_state
-from .step_count import StepCount
+from .step_count import StepCount, planned_end_step
 from .strategies import check_strategy
 
 log = logging.getLogger("autockpt")
@@ -229,7 +230,11 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._batch = None
         self._stopped_mid_epoch = False
         self._require_exact().epoch_begin(epoch)
-        self._require_driver().boundary(self._steps.epoch_begin())
+        driver = self._require_driver()
+        step = self._steps.epoch_begin()
+        epochs = self.params.get("epochs") if self.params else None
+        driver.expect_end(planned_end_step(step, epoch, epochs, self._epoch_length()))
+        driver.boundary(step)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._exact is not None:
@@ -347,11 +352,16 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
 
     def _is_last_batch(self, batch: int) -> bool:
         """Whether ``batch`` is the epoch's last (False when the epoch length is not known yet)."""
+        steps = self._epoch_length()
+        return steps is not None and batch + 1 >= steps
+
+    def _epoch_length(self) -> int | None:
+        """Batches per epoch, where known (for a dataset of unknown length: after a first epoch)."""
         steps = self.params.get("steps") if self.params else None
         epoch_iterator = self._exact.epoch_iterator if self._exact is not None else None
         if steps is None and epoch_iterator is not None:
             steps = getattr(epoch_iterator, "num_batches", None)  # inferred after a first epoch
-        return steps is not None and batch + 1 >= steps
+        return steps
 
     def _end_failed_fit(self) -> None:
         """Release what a ``fit()`` that raised (``Preempted`` included) left: the signal

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["StepCount"]
+__all__ = ["StepCount", "planned_end_step"]
 
 
 class StepCount:
@@ -57,3 +57,12 @@ class StepCount:
     def skipped(self, batch: int) -> None:
         """Batches up to ``batch`` were drawn by a resume without training."""
         self._last_batch = batch
+
+
+def planned_end_step(step: int, epoch: int, epochs: int | None, steps_per_epoch: int | None) -> int | None:
+    """At the start of ``epoch`` (at ``step``): the step ``fit()`` ends after if every epoch
+    left trains ``steps_per_epoch`` batches; None where either count is not known. A resumed
+    epoch trains fewer (the overestimate only makes the policy's end rule act later)."""
+    if not epochs or not steps_per_epoch or epochs <= epoch:
+        return None
+    return step + (epochs - epoch) * steps_per_epoch

@@ -11,8 +11,9 @@ sampler entry, the loggers. Call order (training thread, every rank)::
                               from Lightning (signals.py); auto-resume without ckpt_path
                               (auto_resume.load_newest: every rank, errors raised on all)
     load_state_dict           (inside the restore) keep this callback's entry until training starts
-    on_train_start            apply the entry (samplers, then RNG); driver.begin; driver.boundary
-                              (a signal during the resume or the sanity check)
+    on_train_start            apply the entry (samplers, then RNG); driver.begin; driver.expect_end
+                              (planned_end.py); driver.boundary (a signal during the resume or
+                              the sanity check)
     on_before_optimizer_step  wait for an overlapping copy (snapshot_mode "overlap"/"device")
     on_train_batch_end        once per optimizer step: driver.step_end (the loss, whether this
                               boundary resumes exactly, buffer warm-up); a checkpoint runs
@@ -64,6 +65,7 @@ from .auto_resume import CONTINUES_EXACTLY, EPOCHS_DONE, apply_exact_state, load
 from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import LightningRanks, check_strategy, warn_if_slurm_requeue
+from .planned_end import planned_end_step
 from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
 
@@ -172,6 +174,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._last_step = trainer.global_step
         self._step_epoch = None
         driver.begin(trainer.global_step)
+        driver.expect_end(planned_end_step(trainer))
         driver.boundary(trainer.global_step)  # a signal during the resume or the sanity check
 
     def state_dict(self) -> dict[str, Any]:

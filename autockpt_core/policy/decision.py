@@ -4,9 +4,10 @@
 ``CheckpointPolicy`` adds the little state a decision needs (the last checkpoint's step and
 time); it never reads a clock itself: the caller passes ``now``.
 
-Call order (training thread): ``start(now, step)`` once; ``decide(step, now, estimates,
-persist_busy, loss=...)`` after every optimizer step; when it says save and the checkpoint was
-taken, ``record_checkpoint(step, now)``.
+Call order (training thread): ``start(now, step)`` once; ``expect_end(step)`` whenever the
+step training ends at with a final checkpoint is known or changes; ``decide(step, now,
+estimates, persist_busy, loss=...)`` after every optimizer step; when it says save and the
+checkpoint was taken, ``record_checkpoint(step, now)``.
 
 Extension point: interval adjusters. Each is a callable taking the base ``IntervalChoice``, the
 estimates and the seconds since training started, returning a new ``IntervalChoice``; they run
@@ -171,7 +172,9 @@ class CheckpointPolicy:
     checkpoint measures stall and persist time; from then on the interval from
     :func:`choose_interval`, passed through the adjusters in order, is used. A due checkpoint
     is deferred, not blocked on, while the previous persist is still running (except with
-    ``every_n_steps``, where the user asked for exact steps).
+    ``every_n_steps``, where the user asked for exact steps). An interval checkpoint is
+    skipped when the final checkpoint (``expect_end``) comes before it would be durable: it
+    would only make the final one wait for its persist.
     """
 
     def __init__(self, config: Config, interval_adjuster: AdjusterSpec = None) -> None:
@@ -182,6 +185,7 @@ class CheckpointPolicy:
         self._last_time: float | None = None
         self.current: IntervalChoice | None = None
         self.deferred = 0
+        self.end_step: int | None = None
 
     def _observers(self) -> list[Adjuster]:
         return [a for a in self.adjusters if isinstance(a, Adjuster)]
@@ -193,6 +197,12 @@ class CheckpointPolicy:
         self._last_step = step
         for adj in self._observers():
             adj.observe_start(step, now)
+
+    def expect_end(self, step: int | None) -> None:
+        """Training ends after optimizer step ``step`` with a final checkpoint (None: not known,
+        or no final checkpoint). An estimate is enough: a wrong one delays a checkpoint by at
+        most one persist's time."""
+        self.end_step = step
 
     @property
     def last_checkpoint_step(self) -> int | None:
@@ -231,8 +241,20 @@ class CheckpointPolicy:
         if cfg.min_interval is not None and since_time < cfg.min_interval:
             return Decision(False, "min_interval not reached", choice)
         if since_steps >= choice.steps:
-            return self._due(persist_busy, f"interval {choice.steps} steps reached ({choice.rule})")
+            reason = f"interval {choice.steps} steps reached ({choice.rule})"
+            if self._final_comes_first(step, est):
+                return Decision(False, f"{reason}; skipped: the final checkpoint after step {self.end_step} "
+                                "comes before this one would be durable", choice)
+            return self._due(persist_busy, reason)
         return Decision(False, "interval not reached", choice)
+
+    def _final_comes_first(self, step: int, est: Estimates) -> bool:
+        """Whether the final checkpoint is taken before a checkpoint started now would be
+        durable (its stall plus its persist)."""
+        end = self.end_step
+        if end is None or end <= step or est.iter_time_s is None or est.persist_s is None:
+            return False
+        return (end - step) * est.iter_time_s < (est.stall_s or 0.0) + est.persist_s
 
     def interval(self, est: Estimates, now: float) -> IntervalChoice:
         """The interval in force now: :func:`choose_interval` passed through the adjusters."""

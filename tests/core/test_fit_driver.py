@@ -50,6 +50,9 @@ class FakeSession:
     def start(self, step: int) -> None:
         self.started.append(step)
 
+    def expect_end(self, step: int | None) -> None:
+        self.expected_end = step
+
     def step_end(self, step: int, loss: float | None = None) -> Decision:
         if step == self.fail_at:
             raise OSError(f"disk full at step {step}")
@@ -205,6 +208,17 @@ def test_final_checkpoint(
     assert len(nonfinite) == (1 if losses else 0)
     if losses:
         assert nonfinite[0].endswith("the newest checkpoint stays step 3")
+
+
+@pytest.mark.parametrize(("save_on_train_end", "expected"), [(True, 120), (False, None)])
+def test_the_planned_end_reaches_the_policy_only_with_a_final_checkpoint(
+    tmp_path: Path, save_on_train_end: bool, expected: int | None
+) -> None:
+    driver, session, _, _ = make(tmp_path, save_on_train_end=save_on_train_end)
+    driver.begin(0)
+    driver.expect_end(120)
+    assert session.expected_end == expected
+    make(tmp_path, writes=False)[0].expect_end(120)  # a process without a session: nothing to tell
 
 
 def test_final_checkpoint_records_whether_a_run_continues_exactly(tmp_path: Path) -> None:

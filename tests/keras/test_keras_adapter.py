@@ -159,6 +159,13 @@ def test_the_step_is_read_from_the_device_once_per_epoch_not_per_batch(results: 
     assert [e["step"] for e in mid["events"]] == list(range(21, 40, 3)) and mid["iterations_at_end"] == 40
 
 
+def test_the_policy_learns_the_planned_end_at_each_epoch_start(results: dict[str, Any]) -> None:
+    """epochs x batches per epoch; none without a final checkpoint (the end rule needs one)."""
+    assert results["first"]["run"]["planned_end"] == 20
+    assert results["resume"]["run"]["planned_end"] == 40
+    assert results["first"]["mid"]["planned_end"] is None  # save_on_train_end=False
+
+
 def test_steps_the_optimizer_skipped_still_count_and_steps_only_increase(results: dict[str, Any]) -> None:
     """A LossScaleOptimizer skips its first, overflowing steps (3 or 4, by backend): iterations
     ends behind the 20 batches trained; the steps count batches and go on from 20 after a resume."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autockpt_keras.step_count import StepCount
+from autockpt_keras.step_count import StepCount, planned_end_step
 
 
 class Iterations:
@@ -67,3 +67,18 @@ def test_each_epoch_start_reads_again_and_never_goes_back(iterations_at_epoch: i
     assert count.epoch_begin() == expected
     assert count.trained(0) == expected + 1  # batch indices restart at each epoch
     assert read.reads == 3
+
+
+@pytest.mark.parametrize(
+    ("step", "epoch", "epochs", "per_epoch", "expected"),
+    [
+        (0, 0, 3, 10, 30),
+        (20, 2, 4, 10, 40),  # resumed at epoch 2
+        (18, 1, 4, 10, 48),  # resumed mid-epoch: 8 batches too many, the end rule acts later
+        (0, 0, 3, None, None),  # a dataset of unknown length, first epoch
+        (30, 3, 3, 10, None),  # no epoch left
+        (0, 0, None, 10, None),
+    ],
+)
+def test_the_planned_end(step: int, epoch: int, epochs: int | None, per_epoch: int | None, expected: int | None) -> None:
+    assert planned_end_step(step, epoch, epochs, per_epoch) == expected

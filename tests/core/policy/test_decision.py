@@ -46,6 +46,40 @@ def test_adjusters_are_chained_in_order_and_see_every_hook() -> None:
     ]
 
 
+# the persist takes 10 steps: a checkpoint started at step s is durable after about s + 10.1
+SLOW_PERSIST = Estimates(iter_time_s=0.1, stall_s=0.01, persist_s=1.0, loaded_iter_time_s=0.1,
+                         loaded_iterations=50, loaded_sd_s=0.0, iterations_seen=100, checkpoints_seen=1)
+
+
+@pytest.mark.parametrize(
+    ("config", "end_step", "step", "saves"),
+    [
+        ({}, None, 10, True),  # the end is not known
+        ({}, 15, 10, False),  # the final checkpoint (after step 15) comes before this one is durable
+        ({}, 20, 10, False),  # 10 steps = 1.0 s < 1.01 s
+        ({}, 21, 10, True),  # 11 steps = 1.1 s: this one is durable first
+        ({}, 10, 10, True),  # the planned end is here or behind: the estimate was off
+        ({}, 7, 10, True),
+        ({"every_n_steps": 10}, 15, 10, True),  # the user asked for these steps
+        ({"max_interval": 0.5}, 15, 10, True),  # and for at most this long without one
+    ],
+)
+def test_an_interval_checkpoint_the_final_one_would_follow_before_it_is_durable_is_skipped(
+    config: dict, end_step: int | None, step: int, saves: bool
+) -> None:
+    policy = CheckpointPolicy(Config(dirpath="x", **config))
+    policy.start(0.0, 0)
+    policy.expect_end(end_step)
+    decision = policy.decide(step, 1.0, SLOW_PERSIST, False)
+    assert decision.save is saves
+    if not saves:
+        assert decision.reason == (
+            f"interval 10 steps reached (persist); skipped: the final checkpoint after step {end_step} comes "
+            "before this one would be durable"
+        )
+        assert policy.decide(step + 1, 1.1, SLOW_PERSIST, False).save is False  # and at each step to the end
+
+
 def test_plain_callable_adjuster_still_works_and_explain() -> None:
     policy = CheckpointPolicy(Config(dirpath="x"), lambda c, est, elapsed: IntervalChoice(7, 0.7, "custom"))
     assert policy.explain().startswith("no interval yet")
