@@ -6,7 +6,8 @@ and that says, at each checkpoint, where that is (a
 :class:`~autockpt_keras.resume_point.ResumePoint`). The callback creates one per ``fit()``
 and calls it from its hooks. It combines the data stream's position
 (:mod:`autockpt_keras.data_stream`), the skip of batches already trained
-(:mod:`autockpt_keras.skipping`) and the global generators (:mod:`autockpt_keras.rng`);
+(:mod:`autockpt_keras.skipping`; a ``PyDataset`` by index, :mod:`autockpt_keras.index_skip`)
+and the global generators (:mod:`autockpt_keras.rng`);
 :mod:`autockpt_keras.input_checks` says beforehand what keeps a resume from being exact.
 
 Call order (the callback's hooks, Keras 3's TensorFlow, torch and JAX trainers):
@@ -21,8 +22,9 @@ Call order (the callback's hooks, Keras 3's TensorFlow, torch and JAX trainers):
    epoch draws the same order), a reshuffling tf.data input is advanced, the metric
    variables are assigned again (``fit()`` reset them), and when the checkpoint is mid-epoch
    a :class:`~autockpt_keras.skipping.SkipSteps` replaces ``model.train_function`` for the
-   batches already trained. Otherwise the generators are captured when a new data iterator
-   is about to start.
+   batches already trained (for a ``PyDataset``, an :class:`~autockpt_keras.index_skip.IndexSkip`
+   answers their lookups without loading them). Otherwise the generators are captured when a
+   new data iterator is about to start.
 3. ``on_train_batch_begin`` (:meth:`~ExactResume.batch_begin`): marks the call as skipped or not.
 4. ``on_train_batch_end`` (:meth:`~ExactResume.batch_end`), before anything else: True for a
    skipped batch, where the callback does nothing else; the last one sets the generators to
@@ -39,6 +41,7 @@ data iterators and its ``train_function`` calls.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Mapping
 
@@ -49,10 +52,19 @@ from autockpt_core import ResumeNotExactWarning
 from . import rng
 from .checkpoint_file import CheckpointInfo
 from .data_stream import DataStream, StreamState, advance_dataset
+from .index_skip import IndexSkip, SkipPlan, skip_plan
 from .input_checks import EXACT_BACKENDS, InputReport
 from .resume_point import ResumePoint
 from .skipping import SkipSteps, build_metrics
 from .state import assign_state, collect_state
+
+log = logging.getLogger("autockpt")
+
+
+def _print_and_log(message: str) -> None:
+    log.info(message)
+    print(message, flush=True)
+
 
 class ExactResume:
     """The exact-resume state of one ``fit()`` call; see the module docstring for the call order.
@@ -73,6 +85,9 @@ class ExactResume:
         self._skipper: SkipSteps | None = None
         self._skip_through: int | None = None  # the last batch of the epoch that is skipped
         self._rng_after_skip: dict[str, Any] | None = None  # the generators after that batch
+        self.skip_plan: SkipPlan = skip_plan(epoch_iterator, inputs.kind)
+        self.index_skip: IndexSkip | None = None  # the resumed stream's, while installed
+        self._say = False  # print what the skip does (the callback's verbose)
 
     # -- restoring a checkpoint (on_train_begin) ------------------------------------------------
 
@@ -82,9 +97,11 @@ class ExactResume:
         if self.backend == "tensorflow":
             build_metrics(self.model, self.epoch_iterator)
 
-    def resume_from(self, info: CheckpointInfo, arrays: Mapping[str, Any]) -> ResumePoint | None:
+    def resume_from(self, info: CheckpointInfo, arrays: Mapping[str, Any], *, say: bool = False) -> ResumePoint | None:
         """After the checkpoint's state is assigned: keep where its epoch resumes (returned;
-        None when the epoch is replayed from its first batch) and its metric values."""
+        None when the epoch is replayed from its first batch) and its metric values. ``say``:
+        print what the skip does where it differs from :attr:`skip_plan`."""
+        self._say = say
         point = info.resume
         if point is not None and point.batches_done > 0:
             # copies: the arrays may be views into the whole checkpoint file's bytes
@@ -114,6 +131,7 @@ class ExactResume:
         if self.inputs.reshuffles:
             advance_dataset(self.epoch_iterator, point.iterators_before)
         first = point.rng_first_draw
+        self._skip_by_index(point.stream_pos)
         self.stream.resume(point, after_creation=(lambda: self._restore_rng(first)) if first is not None else None)
         if point.batches_done > 0:
             if self._metric_arrays:  # fit() reset the metrics before this hook
@@ -149,7 +167,9 @@ class ExactResume:
         return False
 
     def close(self) -> None:
-        """End of ``fit()``: put ``train_function`` back and unwrap the epoch iterator."""
+        """End of ``fit()``: put ``train_function`` and the input's dataset back, unwrap the
+        epoch iterator."""
+        self._end_index_skip()
         if self._skipper is not None:
             self._skipper.uninstall()
             self._skipper = None
@@ -193,11 +213,27 @@ class ExactResume:
     def _finish_skip(self) -> None:
         """The last skipped batch's end: the moment the checkpoint was taken."""
         self._skip_through = None
+        self._end_index_skip()
         if self._skipper is not None:
             self._skipper.skipping = False  # the next call trains and puts the original back
         state, self._rng_after_skip = self._rng_after_skip, None
         if state is not None:
             self._restore_step_rng(state)
+
+    def _skip_by_index(self, count: int) -> None:
+        """Before the resumed stream's iterator exists: its first ``count`` lookups of a
+        ``PyDataset`` load one batch for all of them (:mod:`autockpt_keras.index_skip`)."""
+        if count <= 0 or not self.skip_plan.by_index or self.epoch_iterator is None:
+            return
+        say = _print_and_log if self._say else log.info
+        self.index_skip = IndexSkip(
+            self.epoch_iterator.data_adapter, count, check_generators=self.inputs.pipeline_thread, say=say
+        )
+        self.index_skip.install()
+
+    def _end_index_skip(self) -> None:
+        if self.index_skip is not None:
+            self.index_skip.uninstall()
 
     def _restore_step_rng(self, state: dict[str, Any]) -> None:
         """The generators at the checkpoint, once the stream is back where it was then.

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from keras_example_setup import use_backend
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,24 +39,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 ARGS = _parse(sys.argv[1:] if __name__ == "__main__" else [])
-os.environ["KERAS_BACKEND"] = ARGS.backend
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+use_backend(ARGS.backend)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from autockpt_keras import AutoCheckpoint  # noqa: E402
-
-if ARGS.backend == "torch":
-    import torch
-
-    torch.set_num_threads(1)
-elif ARGS.backend == "tensorflow":
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 class StepTimes(keras.callbacks.Callback):

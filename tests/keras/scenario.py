@@ -12,9 +12,11 @@ checkpoint keys, are the same in every process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
+import io
 import json
 import os
 import signal
@@ -198,6 +200,55 @@ def train(
     out["summary"] = auto.summary.line() if auto.summary else None
     out["persist_mode"] = auto.session.persist_mode.mode if auto.session is not None else None
     out["process_writes"] = auto.session.process_writes if auto.session is not None else None
+    return out
+
+
+class Batches(keras.utils.PyDataset):
+    """The scenario's data as a PyDataset that notes every batch it loads; ``augment``: each
+    batch gets noise from numpy's global generator, as a random augmentation would."""
+
+    def __init__(self, augment: bool) -> None:
+        super().__init__()
+        self.x, self.y = data()
+        self.augment = augment
+        self.loads = 0
+
+    def __len__(self) -> int:
+        return SAMPLES // BATCH
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        self.loads += 1
+        rows = slice(i * BATCH, (i + 1) * BATCH)
+        x = self.x[rows]
+        if self.augment:
+            x = x + np.random.normal(scale=0.01, size=x.shape).astype("float32")
+        return x, self.y[rows]
+
+
+def pydataset(dirpath: Path, epochs: int, augment: bool) -> dict[str, Any]:
+    """A shuffled PyDataset input, a checkpoint every 3 steps, none at the end (so 2 epochs
+    leave one at step 18, mid-epoch); the resumed run skips the batches already trained."""
+    keras.utils.set_random_seed(SEED)
+    model = make_model()
+    auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=2, warmup_steps=2, save_on_train_end=False)
+    batches = Batches(augment)
+    out: dict[str, Any] = {}
+
+    class Skip(keras.callbacks.Callback):  # what the index skip did, seen at the first trained batch
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            skip = auto._exact.index_skip if auto._exact is not None else None
+            if skip is not None and "skip" not in out and skip.remaining == 0:
+                out["skip"] = {"served": skip.served, "loaded": skip.loaded}
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the tf.data thread's prints too
+        model.fit(batches, epochs=epochs, shuffle=True, verbose=0, callbacks=[auto, Skip()])
+    out.update({
+        "digest": weights_digest(model),
+        "restored_step": auto.restored.step if auto.restored is not None else None,
+        "plan": dataclasses.asdict(auto._exact.skip_plan) if auto._exact is not None else None,
+        "printed": [line for line in printed.getvalue().splitlines() if line.startswith("autockpt:")],
+    })
     return out
 
 
@@ -449,6 +500,10 @@ def main() -> None:
             result["run_files"] = files_report(workdir / "run")
             result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=2)
+            for augment in (False, True):
+                name = "pyds-augment" if augment else "pyds"
+                result[f"{name}-whole"] = pydataset(workdir / f"{name}-whole", epochs=4, augment=augment)
+                result[name] = pydataset(workdir / name, epochs=2, augment=augment)
             result["failure"] = storage_failure(workdir)
             result["keywords"] = keywords()
             result["same"] = same_training(result["run"]["digest"])
@@ -475,6 +530,8 @@ def main() -> None:
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=4)
+            for name in ("pyds", "pyds-augment"):
+                result[name] = pydataset(workdir / name, epochs=4, augment=name.endswith("augment"))
             result["outside"] = outside_fit(workdir)
         else:
             raise SystemExit(f"unknown phase {phase!r}")
