@@ -195,10 +195,12 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
     reps = settings["repeats"]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
-        task = progress.add_task(f"{framework}: failure-free reference", total=len(methods) * reps + 2)
-        # 2. the failure-free reference: the whole job, no checkpoints, no kills; once before and once after
-        #    the methods, so the machine's drift shows as a spread
+        task = progress.add_task(f"{framework}: failure-free reference", total=(len(methods) + 1) * reps + 1)
+        # 2. rounds: the failure-free reference (the whole job, no checkpoints, no kills), then every
+        #    method once with the round's failure history; the reference once more at the end. So the
+        #    reference runs between the killed attempts and the machine's drift shows as its spread.
         free: list[float] = []
+        timing: list[tuple[float, float]] = []
 
         def reference() -> None:
             attempts, finished, events, output = _run_method(framework, workload, {"name": "none"}, steps, settings,
@@ -209,25 +211,24 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
             timing.append(goodput_report.compute_rate(events))
             progress.advance(task)
 
-        timing: list[tuple[float, float]] = []
-        reference()
-        raw: list[list[dict[str, Any]]] = []
-        for method in methods:
-            progress.update(task, description=f"{framework}: {method_label(method)}")
-            per_seed = []
-            for rep in range(reps):
-                gaps = kill_gaps(settings["mtbf_s"], settings["seed"] + rep)
+        raw: list[list[dict[str, Any]]] = [[] for _ in methods]
+        for rep in range(reps):
+            progress.update(task, description=f"{framework}: failure-free reference")
+            reference()
+            gaps_seed = settings["seed"] + rep
+            for per_seed, method in zip(raw, methods):
+                progress.update(task, description=f"{framework}: {method_label(method)}")
                 attempts, finished, events, output = _run_method(
-                    framework, workload, method, steps, settings, work, gaps, settings["max_factor"] * free[0], workers)
+                    framework, workload, method, steps, settings, work, kill_gaps(settings["mtbf_s"], gaps_seed),
+                    settings["max_factor"] * free[0], workers)
                 acc = goodput_report.account(attempts, events, steps)
                 acc["finished"] = acc["finished"] and finished
-                acc["seed"] = settings["seed"] + rep
+                acc["seed"] = gaps_seed
                 if not acc["finished"]:
                     acc["note"] = (f"did not finish within {settings['max_factor']:g}× the failure-free time"
                                    if attempts and attempts[-1].killed else f"worker failed; see {output}")
                 per_seed.append(acc)
                 progress.advance(task)
-            raw.append(per_seed)
         progress.update(task, description=f"{framework}: failure-free reference again")
         reference()
     failure_free_s = statistics.median(free)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..workers.measure import thread_caps
+from ..workers.measure import FIXED_ALLOCATOR, thread_caps
 from .protocol import WORKERS, write_spec
 from .workloads import Workload
 
@@ -41,9 +41,13 @@ def compile_packages() -> None:
 
 
 def worker_env(threads: int, keras_backend: str | None = None) -> dict[str, str]:
-    """The environment of a worker: quiet frameworks, pinned threads, the Keras backend."""
+    """The environment of a worker: quiet frameworks, pinned threads, the Keras backend, and
+    glibc's allocator with fixed thresholds (:data:`FIXED_ALLOCATOR`; values already in the
+    environment win)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     env.update(thread_caps(threads))
+    for name, value in FIXED_ALLOCATOR.items():
+        env.setdefault(name, value)
     if keras_backend:
         env["KERAS_BACKEND"] = keras_backend
     return env

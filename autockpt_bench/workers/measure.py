@@ -38,6 +38,16 @@ def thread_caps(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": "1"}
 
 
+#: glibc's allocator with fixed thresholds, for every study worker alike. With its default,
+#: dynamic threshold an allocation above 128 KiB is mapped and unmapped each time (page faults
+#: at every step for the activations) until a large free raises the threshold: a process
+#: then trains faster after its first checkpoint buffer is freed than a process that never
+#: frees one (Lightning small on the 2-core machine: median step 9.7-11.2 ms without, 7.8-8.5
+#: ms after a 12.5 MB free or with these values; docs/comparison.md). 32 MiB is the largest
+#: threshold the dynamic rule reaches; trimming at twice that, as the dynamic rule does.
+FIXED_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
+
 def mlp_layout(state_bytes: int, layers: int = LAYERS) -> tuple[int, int]:
     """``(width, layers)`` of square dense layers whose Adam training state is ~``state_bytes``."""
     params = max(1, state_bytes // (STATE_COPIES * 4))

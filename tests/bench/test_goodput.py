@@ -95,3 +95,28 @@ def test_combine_takes_medians_over_failure_histories() -> None:
     row = goodput_report.combine(seeds, failure_free_s=10.0)
     assert (row["wall_s"], row["kills"], row["wall_spread_s"], row["waste_s"]) == (14.0, 2, [12.0, 20.0], 4.0)
     assert row["finished"] is False and row["persist_s"] is None and len(row["seeds"]) == 3
+
+
+def test_repeats_run_in_rounds_with_the_reference_between(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round: the failure-free reference, then every method with that round's history;
+    the reference once more at the end. So the reference meets the machine the methods met."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    calls: list[str] = []
+    run_method = cli_goodput._run_method
+
+    def recorded(framework, workload, method, steps, settings, work, gaps, *rest):  # type: ignore[no-untyped-def]
+        calls.append(method["name"])
+        return run_method(framework, workload, method, steps, settings, work, gaps, *rest)
+
+    monkeypatch.setattr(cli_goodput, "_run_method", recorded)
+    out = tmp_path / "gp"
+    args = _args("--quick", "--framework", "lightning", "--work", "0.8s", "--mtbf", "1.5s", "--methods",
+                 "every_epoch,autockpt", "--repeats", "2", "--no-plots", "--out", str(out))
+    assert cli_goodput.run(args, workers=FAKE) == 0
+    methods = [n for n in calls[1:] if n != "none"]  # after the calibration run
+    per_round = len(methods) // 2
+    assert calls[1:] == ["none", *methods[:per_round], "none", *methods[per_round:], "none"]
+    assert methods[:per_round] == methods[per_round:] and per_round == 2
+    result = json.loads((out / "goodput.json").read_text())
+    assert len(result["failure_free_runs_s"]) == 3
+    assert all([s["seed"] for s in m["seeds"]] == [result["seed"], result["seed"] + 1] for m in result["methods"])

@@ -1,7 +1,9 @@
 import importlib.util
 from pathlib import Path
 
-from autockpt_bench.study.runner import PACKAGES, compile_packages
+import pytest
+
+from autockpt_bench.study.runner import PACKAGES, compile_packages, worker_env
 
 
 def test_compile_packages_leaves_every_autockpt_module_compiled() -> None:
@@ -18,3 +20,14 @@ def test_compile_packages_leaves_every_autockpt_module_compiled() -> None:
     assert len(sources) > 100
     missing = [s for s in sources if not Path(importlib.util.cache_from_source(str(s))).exists()]
     assert missing == []
+
+
+def test_every_worker_gets_the_same_fixed_allocator_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else a worker that freed a checkpoint buffer trains faster than one that never did."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    env = worker_env(1, "torch")
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20) and env["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
+    assert env["KERAS_BACKEND"] == "torch" and env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "262144")  # the user's own choice wins
+    assert worker_env(1)["MALLOC_MMAP_THRESHOLD_"] == "262144"
