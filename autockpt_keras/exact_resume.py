@@ -23,7 +23,7 @@ Call order (the callback's hooks, Keras 3's TensorFlow, torch and JAX trainers):
    variables are assigned again (``fit()`` reset them), and when the checkpoint is mid-epoch
    a :class:`~autockpt_keras.skipping.SkipSteps` replaces ``model.train_function`` for the
    batches already trained (for a ``PyDataset``, an :class:`~autockpt_keras.index_skip.IndexSkip`
-   answers their lookups without loading them). Otherwise the generators are captured when a
+   answers their lookups with one batch). Otherwise the generators are captured when a
    new data iterator is about to start.
 3. ``on_train_batch_begin`` (:meth:`~ExactResume.batch_begin`): marks the call as skipped or not.
 4. ``on_train_batch_end`` (:meth:`~ExactResume.batch_end`), before anything else: True for a

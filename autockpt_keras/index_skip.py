@@ -49,7 +49,7 @@ class SkipPlan:
 
     def describe(self, batches: int) -> str:
         if self.by_index:
-            return f"skipping the {batches} batch(es) already trained by index, without loading them"
+            return f"skipping the {batches} batch(es) already trained by index: only the first is loaded"
         return f"drawing the {batches} batch(es) already trained ({self.reason})"
 
 
