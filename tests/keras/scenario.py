@@ -204,20 +204,18 @@ def train(
 
 
 class Batches(keras.utils.PyDataset):
-    """The scenario's data as a PyDataset that notes every batch it loads; ``augment``: each
-    batch gets noise from numpy's global generator, as a random augmentation would."""
+    """The scenario's data as a PyDataset; ``augment``: each batch gets noise from numpy's
+    global generator, as a random augmentation would."""
 
     def __init__(self, augment: bool) -> None:
         super().__init__()
         self.x, self.y = data()
         self.augment = augment
-        self.loads = 0
 
     def __len__(self) -> int:
         return SAMPLES // BATCH
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        self.loads += 1
         rows = slice(i * BATCH, (i + 1) * BATCH)
         x = self.x[rows]
         if self.augment:
