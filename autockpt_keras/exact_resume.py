@@ -6,7 +6,8 @@ and that says, at each checkpoint, where that is (a
 :class:`~autockpt_keras.resume_point.ResumePoint`). The callback creates one per ``fit()``
 and calls it from its hooks. It combines the data stream's position
 (:mod:`autockpt_keras.data_stream`), the skip of batches already trained
-(:mod:`autockpt_keras.skipping`; a ``PyDataset`` by index, :mod:`autockpt_keras.index_skip`)
+(:mod:`autockpt_keras.skipping`; a ``PyDataset`` or a torch ``DataLoader`` by index,
+:mod:`autockpt_keras.index_skip`)
 and the global generators (:mod:`autockpt_keras.rng`);
 :mod:`autockpt_keras.input_checks` says beforehand what keeps a resume from being exact.
 
@@ -22,8 +23,8 @@ Call order (the callback's hooks, Keras 3's TensorFlow, torch and JAX trainers):
    epoch draws the same order), a reshuffling tf.data input is advanced, the metric
    variables are assigned again (``fit()`` reset them), and when the checkpoint is mid-epoch
    a :class:`~autockpt_keras.skipping.SkipSteps` replaces ``model.train_function`` for the
-   batches already trained (for a ``PyDataset``, an :class:`~autockpt_keras.index_skip.IndexSkip`
-   answers their lookups with one batch). Otherwise the generators are captured when a
+   batches already trained (for a ``PyDataset`` or a torch ``DataLoader``, an
+   :class:`~autockpt_keras.index_skip.IndexSkip` loads one batch for them). Otherwise the generators are captured when a
    new data iterator is about to start.
 3. ``on_train_batch_begin`` (:meth:`~ExactResume.batch_begin`): marks the call as skipped or not.
 4. ``on_train_batch_end`` (:meth:`~ExactResume.batch_end`), before anything else: True for a
@@ -222,7 +223,8 @@ class ExactResume:
 
     def _skip_by_index(self, count: int) -> None:
         """Before the resumed stream's iterator exists: its first ``count`` lookups of a
-        ``PyDataset`` load one batch for all of them (:mod:`autockpt_keras.index_skip`)."""
+        ``PyDataset`` or torch ``DataLoader`` load one batch for all of them
+        (:mod:`autockpt_keras.index_skip`)."""
         if count <= 0 or not self.skip_plan.by_index or self.epoch_iterator is None:
             return
         say = _print_and_log if self._say else log.info
@@ -238,11 +240,11 @@ class ExactResume:
     def _restore_step_rng(self, state: dict[str, Any]) -> None:
         """The generators at the checkpoint, once the stream is back where it was then.
 
-        A data pipeline that draws from Python's and numpy's generators in a background
-        thread has drawn ahead by a varying number of batches; its draws are already in
-        sequence, so those two are left alone.
+        A data pipeline that draws from Python's, numpy's and torch's generators in a
+        background thread has drawn ahead by a varying number of batches; its draws are already
+        in sequence, so those three are left alone.
         """
-        self._restore_rng(state, keep=("python", "numpy") if self.inputs.pipeline_thread else ())
+        self._restore_rng(state, keep=("python", "numpy", "torch") if self.inputs.pipeline_thread else ())
 
     def _restore_rng(self, state: dict[str, Any], keep: tuple[str, ...] = ()) -> None:
         problems = rng.restore(state, self.backend, keep=keep)

@@ -1,40 +1,56 @@
-"""Skipping a resumed epoch's batches by index: a ``PyDataset`` does not load them again.
+"""Skipping a resumed epoch's batches by index: a ``PyDataset`` or a torch ``DataLoader`` does
+not load them again.
 
 :class:`~autockpt_keras.skipping.SkipSteps` draws each batch the resumed epoch already
 trained from ``fit()``'s iterator, so everything the data pipeline does per batch stays in
-step with the interrupted run. For a ``PyDataset`` read in this process (no ``workers``), the
-draw that matters is the adapter's walk through the (shuffled) batch indices, not the loading:
-:class:`IndexSkip` stands in for the adapter's dataset for the stream's first ``count``
-lookups and answers them with one batch, loaded once (the first skipped index), so the walk,
-the shuffle and Keras' own counting are unchanged and the dataset's ``__getitem__`` runs for
-one skipped batch instead of all of them.
+step with the interrupted run. For two inputs read in this process, the draw that matters is
+the walk through the (shuffled) batch indices, not the loading:
 
-A ``__getitem__`` that draws from Python's or numpy's global generator is still exact on the
-torch and JAX backends: the generators are set to their state at the checkpoint after the
-skip, before the next batch is loaded. On TensorFlow, ``tf.data`` loads batches ahead in its
-own thread, before that moment, so such draws must happen in sequence: :class:`IndexSkip`
-compares both generators around the one load and, if they moved, loads the remaining skipped
-batches too (and says so). A dataset with a generator object of its own is not exact across
-processes either way (a new process builds it afresh).
+- a ``PyDataset`` without ``workers``: :class:`IndexSkip` stands in for the adapter's dataset
+  for the stream's first ``count`` lookups and answers them with one batch, loaded once (the
+  first skipped index), so the walk, the shuffle and Keras' own counting are unchanged;
+- a torch ``DataLoader`` without workers over a map-style dataset: :class:`IndexSkip` stands in
+  for the adapter's loader until the stream's iterator is created; that iterator is the
+  loader's own, and for its first ``count`` batches it loads the first and then only takes
+  the next indices from the loader's sampler (``_next_index``, as the loader itself does
+  before each load), so the sampler, its generator and the loader's base seed draw exactly as
+  in the interrupted run.
+
+Either way the dataset's ``__getitem__`` runs for one skipped batch instead of all of them.
+
+A dataset that draws from Python's, numpy's or torch's global generator as it loads is still
+exact on the torch and JAX backends: the generators are set to their state at the checkpoint
+after the skip, before the next batch is loaded. On TensorFlow, ``tf.data`` loads batches ahead
+in its own thread, before that moment, so such draws must happen in sequence: :class:`IndexSkip`
+compares those generators around the one load (for a ``DataLoader``, after its index is drawn)
+and, if they moved, loads the remaining skipped batches too (and says so). A dataset with a
+generator object of its own is not exact across processes either way (a new process builds
+it afresh).
 
 Other inputs are drawn (:func:`skip_plan` says why): arrays (a slice of memory per batch),
-``tf.data`` (an iterator cannot jump ahead without computing), a ``PyDataset`` with workers
-(its threads or processes load ahead, out of order), a torch ``DataLoader``, a generator.
+``tf.data`` (an iterator cannot jump ahead without computing), a ``PyDataset`` or a
+``DataLoader`` with workers (they load ahead, in their own threads or processes), a
+``DataLoader`` over an ``IterableDataset``, a generator.
 
 Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
-``PyDatasetAdapter.py_dataset``, read at every lookup of its generator, and ``enqueuer``.
+``PyDatasetAdapter.py_dataset``, read at every lookup of its generator, and ``enqueuer``;
+``TorchDataLoaderAdapter._dataloader``, iterated once per stream. torch internals (2.3 to 2.13,
+and torchdata's ``StatefulDataLoader``): the single-process iterator's ``_next_index`` and
+``_num_yielded``; an iterator without them is drawn.
 
 Call order: :func:`skip_plan` when the checkpoint is restored (``on_train_begin``); an
 :class:`IndexSkip` installed in the resumed epoch's ``on_epoch_begin`` (before the epoch's
-iterator exists), uninstalled when the skip ends or in ``on_train_end``. Lookups run on the
-thread that loads batches (TensorFlow: ``tf.data``'s; torch and JAX: the training thread).
+iterator exists), uninstalled when the skip ends (a ``DataLoader``: when its iterator is
+created) or in ``on_train_end``. Lookups and loads run on the thread that loads batches
+(TensorFlow: ``tf.data``'s; torch and JAX: the training thread).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from autockpt_core import rng as core_rng
 
@@ -61,6 +77,9 @@ def skip_plan(epoch_iterator: Any | None, inputs_kind: str) -> SkipPlan:
             return SkipPlan(False, "a PyDataset with workers loads ahead in its own threads or processes")
         if hasattr(adapter, "py_dataset"):
             return SkipPlan(True)
+    if inputs_kind == "torch DataLoader" and getattr(adapter, "_dataloader", None) is not None:
+        reason = _loader_reason(adapter._dataloader)
+        return SkipPlan(not reason, reason)
     reasons = {
         "arrays": "array batches are slices of memory",
         "tf.data": "a tf.data iterator cannot jump ahead without computing",
@@ -70,21 +89,42 @@ def skip_plan(epoch_iterator: Any | None, inputs_kind: str) -> SkipPlan:
     return SkipPlan(False, reasons.get(inputs_kind, f"{inputs_kind} input"))
 
 
+def _loader_reason(loader: Any) -> str:
+    """Why a torch ``DataLoader`` is drawn ('' if it can skip by index)."""
+    if int(getattr(loader, "num_workers", 0) or 0) > 0:
+        return "a DataLoader with workers loads ahead in its worker processes"
+    from torch.utils.data import IterableDataset
+
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return "a DataLoader over an IterableDataset can only be drawn"
+    return ""
+
+
+def watched_generators() -> Any:
+    """The global generators a dataset's load may draw from: Python's, numpy's and (when torch
+    is imported) torch's CPU generator; comparable with ``==``."""
+    state = core_rng.capture_rng()
+    torch = sys.modules.get("torch")
+    return (state, bytes(torch.get_rng_state().numpy()) if torch is not None else None)
+
+
 class IndexSkip:
     """Stands in for a ``PyDataset`` adapter's dataset for the first ``count`` lookups of the
-    stream about to start; see the module docstring.
+    stream about to start, or for a torch ``DataLoader`` adapter's loader until that stream's
+    iterator is created; see the module docstring.
 
-    ``check_generators``: compare Python's and numpy's global generators around the one load
-    and load every skipped batch if they moved (the TensorFlow backend). ``say``: called once
-    with a message when that happens. Counts: ``served`` (lookups answered without loading),
-    ``loaded`` (skipped lookups that loaded).
+    ``check_generators``: compare the global generators around the one load and load every
+    skipped batch if they moved (the TensorFlow backend). ``say``: called once with a message
+    when that happens. Counts: ``served`` (skipped batches answered without loading),
+    ``loaded`` (skipped batches that loaded).
     """
 
     def __init__(
         self, adapter: Any, count: int, *, check_generators: bool, say: Callable[[str], None] | None = None
     ) -> None:
         self.adapter = adapter
-        self.original = adapter.py_dataset
+        self._slot = "py_dataset" if hasattr(adapter, "py_dataset") else "_dataloader"
+        self.original = getattr(adapter, self._slot)
         self.remaining = int(count)
         self.check_generators = check_generators
         self.say = say
@@ -96,13 +136,14 @@ class IndexSkip:
 
     def install(self) -> None:
         if self.remaining > 0:
-            self.adapter.py_dataset = _Lookup(self)
+            setattr(self.adapter, self._slot, _Lookup(self) if self._slot == "py_dataset" else _FastForward(self))
 
     def uninstall(self) -> None:
-        if isinstance(self.adapter.py_dataset, _Lookup):
-            self.adapter.py_dataset = self.original
+        if isinstance(getattr(self.adapter, self._slot), (_Lookup, _FastForward)):
+            setattr(self.adapter, self._slot, self.original)
 
     def lookup(self, index: Any) -> Any:
+        """A ``PyDataset`` lookup while installed (any thread)."""
         with self._lock:
             if self.remaining <= 0:  # a lookup that was under way while the skip ended
                 return self.original[index]
@@ -115,18 +156,66 @@ class IndexSkip:
             self.loaded += 1
             if self._load_all:
                 return self.original[index]
-            before = core_rng.capture_rng() if self.check_generators else None
+            before = watched_generators() if self.check_generators else None
             batch = self.original[index]
-            if before is not None and core_rng.capture_rng() != before:
-                self._load_all = True
-                if self.say is not None:
-                    self.say(
-                        f"autockpt: {type(self.original).__name__}.__getitem__ draws from Python's or numpy's "
-                        f"global generator; on the TensorFlow backend the {self.remaining} other skipped "
-                        "batch(es) are loaded too, so those draws stay in sequence"
-                    )
+            if before is not None and watched_generators() != before:
+                self._draws_seen(type(self.original).__name__)
             self._stand_in = batch
             return batch
+
+    def fast_forward(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        """A ``DataLoader``'s new iterator, its first ``count`` batches skipped by index (one
+        thread: the one that iterates)."""
+        next_index = getattr(iterator, "_next_index", None)
+        if next_index is None or not hasattr(iterator, "_num_yielded"):
+            self._load_all = True  # an iterator of another kind: drawn
+        while self.remaining > 0:
+            self.remaining -= 1
+            try:
+                if self._stand_in is not None and not self._load_all:
+                    next_index()  # type: ignore[misc]  # the index the interrupted run loaded here
+                    iterator._num_yielded += 1  # type: ignore[attr-defined]
+                    self.served += 1
+                    yield self._stand_in
+                    continue
+                batch = next(iterator) if self._load_all or not self.check_generators else self._watched_load(iterator)
+            except StopIteration:
+                self.remaining = 0
+                return
+            self.loaded += 1
+            if self._stand_in is None:
+                self._stand_in = batch
+            yield batch
+        yield from iterator
+
+    def _watched_load(self, iterator: Any) -> Any:
+        """``next(iterator)``, the generators compared from after its index is drawn (a
+        shuffling sampler draws from torch's generator) to after the load."""
+        draw_index = iterator._next_index
+        seen: list[Any] = []
+
+        def index_then_watch() -> Any:
+            index = draw_index()
+            seen.append(watched_generators())
+            return index
+
+        iterator._next_index = index_then_watch
+        try:
+            batch = next(iterator)
+        finally:
+            del iterator._next_index  # the iterator's own method again
+        if seen and watched_generators() != seen[0]:
+            self._draws_seen(type(getattr(self.original, "dataset", self.original)).__name__)
+        return batch
+
+    def _draws_seen(self, name: str) -> None:
+        self._load_all = True
+        if self.say is not None:
+            self.say(
+                f"autockpt: {name}.__getitem__ draws from Python's, numpy's or torch's global generator; on "
+                f"the TensorFlow backend the {self.remaining} other skipped batch(es) are loaded too, so those "
+                "draws stay in sequence"
+            )
 
 
 class _Lookup:
@@ -138,6 +227,25 @@ class _Lookup:
 
     def __getitem__(self, index: Any) -> Any:
         return self._skip.lookup(index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._skip.original, name)
+
+
+class _FastForward:
+    """The adapter's ``_dataloader`` while :class:`IndexSkip` is installed: the first iterator
+    it gives is the loader's own, fast-forwarded; it puts the loader back as it gives it.
+    Every other attribute goes to the user's loader."""
+
+    def __init__(self, skip: IndexSkip) -> None:
+        self._skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        self._skip.uninstall()
+        return self._skip.fast_forward(iter(self._skip.original))
+
+    def __len__(self) -> int:
+        return len(self._skip.original)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._skip.original, name)

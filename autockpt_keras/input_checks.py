@@ -71,6 +71,8 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
     elif name == "TorchDataLoaderAdapter":
         kind = "torch DataLoader"
         problems.extend(torch_loader_problems(getattr(adapter, "_dataloader", None)))
+        # TensorFlow iterates the loader in tf.data's prefetch thread (from_generator)
+        threaded = backend == "tensorflow"
     elif name == "GeneratorDataAdapter":
         kind = "generator"
         threaded = backend == "tensorflow"

@@ -50,7 +50,8 @@ def capture(backend: str) -> dict[str, Any]:
 def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> list[str]:
     """Set the generators to ``state`` (from :func:`capture`); returns what could not be restored.
 
-    ``keep``: generators to leave as they are (``"python"``, ``"numpy"``). The Keras global
+    ``keep``: generators to leave as they are (``"python"``, ``"numpy"``, ``"torch"``: its CPU
+    generator). The Keras global
     ``SeedGenerator`` is restored before Python's generator, because creating it draws its
     seed from Python's ``random``.
     """
@@ -58,6 +59,10 @@ def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> li
     if keep & {"python", "numpy"}:
         current = core_rng.capture_rng()
         state = {**state, **{name: current[name] for name in ("python", "numpy") if name in keep}}
+    if "torch" in keep and "torch" in state and "torch" in sys.modules:
+        from autockpt_torch import rng as torch_rng
+
+        state = {**state, "torch": torch_rng.capture_rng()["torch"]}
     problems: list[str] = []
     if "keras_seed" in state:
         _restore_keras_seed(state["keras_seed"])

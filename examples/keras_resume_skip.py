@@ -6,7 +6,9 @@ epoch's ``on_epoch_begin`` to the ``on_train_batch_begin`` of its first trained 
 Inputs: a shuffled ``PyDataset`` whose ``__getitem__`` reads its batch from a ``.npy`` file
 (``--batch`` rows of ``--features`` float32, in the page cache after the first epoch) and
 normalizes it, skipped by index (the default) or drawn (every skipped batch loaded, as before
-the index skip); and the same data as numpy arrays (``fit(shuffle=True)``), which are drawn.
+the index skip); a shuffled torch ``DataLoader`` (no workers) whose dataset reads each sample
+from the memory-mapped ``.npy`` of all the data and normalizes it, by index or drawn; and the
+same data as numpy arrays (``fit(shuffle=True)``), which are drawn.
 Prints a table and writes ``--json``.
 
     python examples/keras_resume_skip.py --backend torch --batches 400 --at 390 --json out.json
@@ -67,6 +69,27 @@ class FileBatches(keras.utils.PyDataset):
         return x, x[:, :1]
 
 
+def torch_loader(path: Path) -> Any:
+    """A shuffled DataLoader over the samples of ``path`` (memory-mapped), each normalized."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class FileSamples(Dataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.x = np.load(path, mmap_mode="r")
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int) -> tuple[Any, Any]:
+            x = np.asarray(self.x[i])
+            x = (x - x.mean()) / (x.std() + 1e-6)
+            return torch.from_numpy(x), torch.from_numpy(x[:1])
+
+    torch.manual_seed(0)
+    return DataLoader(FileSamples(), batch_size=ARGS.batch, shuffle=True)
+
+
 class SkipTimer(keras.callbacks.Callback):
     """After AutoCheckpoint: the resumed epoch's start to its first trained batch."""
 
@@ -112,13 +135,16 @@ def main() -> int:
     x = rng.normal(size=(ARGS.batches * ARGS.batch, ARGS.features)).astype("float32")
     for i in range(ARGS.batches):
         np.save(work / f"batch-{i}.npy", x[i * ARGS.batch : (i + 1) * ARGS.batch])
+    np.save(work / "all.npy", x)
     inputs = {
         "pydataset": ((FileBatches(work),), {}),
+        "dataloader": ((torch_loader(work / "all.npy"),), {}),
         "arrays": ((x, x[:, :1]), {"batch_size": ARGS.batch}),
     }
     for name, (data, kwargs) in inputs.items():  # one checkpoint at batch --at, nothing at the end
         fit(data, work / name, **kwargs)
-    cases = [("pydataset", "by index"), ("pydataset", "drawn"), ("arrays", "drawn")]
+    cases = [("pydataset", "by index"), ("pydataset", "drawn"), ("dataloader", "by index"), ("dataloader", "drawn"),
+             ("arrays", "drawn")]
     times: dict[str, list[float]] = {f"{i}, {m}": [] for i, m in cases}
     real_plan = exact_resume.skip_plan
     for _ in range(ARGS.rounds):

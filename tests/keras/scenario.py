@@ -223,13 +223,42 @@ class Batches(keras.utils.PyDataset):
         return x, self.y[rows]
 
 
-def pydataset(dirpath: Path, epochs: int, augment: bool) -> dict[str, Any]:
-    """A shuffled PyDataset input, a checkpoint every 3 steps, none at the end (so 2 epochs
-    leave one at step 18, mid-epoch); the resumed run skips the batches already trained."""
+def torch_loader(augment: bool) -> Any:
+    """The scenario's data as a shuffled torch DataLoader (no workers) over a map-style
+    dataset; ``augment``: each sample gets noise from torch's global generator."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Samples(Dataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.x, self.y = data()
+
+        def __len__(self) -> int:
+            return SAMPLES
+
+        def __getitem__(self, i: int) -> tuple[Any, Any]:
+            x = torch.from_numpy(self.x[i])
+            if augment:
+                x = x + 0.01 * torch.randn(x.shape)
+            return x, torch.from_numpy(self.y[i])
+
+    torch.manual_seed(SEED)  # the shuffle draws from torch's generator on every backend
+    return DataLoader(Samples(), batch_size=BATCH, shuffle=True)
+
+
+INDEXED_INPUTS = ("pyds", "pyds-augment", "loader", "loader-augment")
+
+
+def indexed(dirpath: Path, epochs: int, name: str) -> dict[str, Any]:
+    """A shuffled input read by index (``pyds``: a PyDataset, ``loader``: a torch DataLoader;
+    ``-augment``: its loads draw from a global generator), a checkpoint every 3 steps, none at
+    the end (so 2 epochs leave one at step 18, mid-epoch); the resumed run skips the batches
+    already trained."""
     keras.utils.set_random_seed(SEED)
     model = make_model()
     auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=2, warmup_steps=2, save_on_train_end=False)
-    batches = Batches(augment)
+    augment = name.endswith("-augment")
+    batches = torch_loader(augment) if name.startswith("loader") else Batches(augment)
     out: dict[str, Any] = {}
 
     class Skip(keras.callbacks.Callback):  # what the index skip did, seen at the first trained batch
@@ -241,6 +270,9 @@ def pydataset(dirpath: Path, epochs: int, augment: bool) -> dict[str, Any]:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # the tf.data thread's prints too
         model.fit(batches, epochs=epochs, shuffle=True, verbose=0, callbacks=[auto, Skip()])
+    if "skip" not in out and auto._exact is not None and auto._exact.index_skip is not None:
+        skip = auto._exact.index_skip  # a DataLoader's skip ends when its iterator is created
+        out["skip"] = {"served": skip.served, "loaded": skip.loaded}
     out.update({
         "digest": weights_digest(model),
         "restored_step": auto.restored.step if auto.restored is not None else None,
@@ -498,10 +530,9 @@ def main() -> None:
             result["run_files"] = files_report(workdir / "run")
             result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=2)
-            for augment in (False, True):
-                name = "pyds-augment" if augment else "pyds"
-                result[f"{name}-whole"] = pydataset(workdir / f"{name}-whole", epochs=4, augment=augment)
-                result[name] = pydataset(workdir / name, epochs=2, augment=augment)
+            for name in INDEXED_INPUTS:
+                result[f"{name}-whole"] = indexed(workdir / f"{name}-whole", epochs=4, name=name)
+                result[name] = indexed(workdir / name, epochs=2, name=name)
             result["failure"] = storage_failure(workdir)
             result["keywords"] = keywords()
             result["same"] = same_training(result["run"]["digest"])
@@ -528,8 +559,8 @@ def main() -> None:
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=4)
-            for name in ("pyds", "pyds-augment"):
-                result[name] = pydataset(workdir / name, epochs=4, augment=name.endswith("augment"))
+            for name in INDEXED_INPUTS:
+                result[name] = indexed(workdir / name, epochs=4, name=name)
             result["outside"] = outside_fit(workdir)
         else:
             raise SystemExit(f"unknown phase {phase!r}")

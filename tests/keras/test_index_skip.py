@@ -121,3 +121,114 @@ def test_lookups_from_two_threads_skip_exactly_count() -> None:
     for t in threads:
         t.join()
     assert skip.served + skip.loaded == 50 and len(dataset.loaded) == 1 + 30
+
+
+# -- a torch DataLoader ------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+
+
+class Samples(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i is i (plus noise from torch's generator if ``draws``); notes what it loads."""
+
+    def __init__(self, draws: bool = False, size: int = 12) -> None:
+        self.loaded: list[int] = []
+        self.draws = draws
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> Any:
+        self.loaded.append(i)
+        return torch.tensor(float(i)) + (torch.rand(()) if self.draws else 0.0)
+
+
+class Stream(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter(range(4))
+
+
+def loader_adapter(dataset: Any, **kwargs: Any) -> Any:
+    return SimpleNamespace(_dataloader=DataLoader(dataset, batch_size=3, **kwargs))
+
+
+@pytest.mark.parametrize(
+    ("adapter", "by_index", "reason"),
+    [
+        (loader_adapter(Samples(), shuffle=True), True, ""),
+        (loader_adapter(Samples(), num_workers=2), False, "with workers"),
+        (loader_adapter(Stream()), False, "IterableDataset"),
+    ],
+)
+def test_which_data_loaders_skip_by_index(adapter: Any, by_index: bool, reason: str) -> None:
+    plan = skip_plan(SimpleNamespace(data_adapter=adapter), "torch DataLoader")
+    assert plan.by_index is by_index and reason in plan.reason
+
+
+def batches_of(dataset: Samples, count: int, *, check: bool = False, seed: int = 3) -> tuple[Any, IndexSkip, list]:
+    """A shuffled loader over ``dataset`` with its first ``count`` batches skipped; all its batches."""
+    adapter = loader_adapter(dataset, shuffle=True)
+    loader = adapter._dataloader
+    said: list[str] = []
+    skip = IndexSkip(adapter, count, check_generators=check, say=said.append)
+    skip.install()
+    assert adapter._dataloader is not loader and len(adapter._dataloader) == 4  # attributes pass through
+    torch.manual_seed(seed)
+    batches = [b.tolist() for b in adapter._dataloader]
+    assert adapter._dataloader is loader  # put back when its iterator was created
+    return skip, batches, said
+
+
+def uninterrupted(draws: bool = False, seed: int = 3) -> list[list[float]]:
+    torch.manual_seed(seed)
+    return [b.tolist() for b in DataLoader(Samples(draws), batch_size=3, shuffle=True)]
+
+
+def test_a_data_loader_skips_by_its_sampler_and_loads_the_rest_as_before() -> None:
+    dataset = Samples()
+    skip, batches, said = batches_of(dataset, 3)
+    whole = uninterrupted()
+    assert batches[:3] == [whole[0]] * 3  # the first skipped batch stands in for all three
+    assert batches[3:] == whole[3:]  # the sampler's order is the interrupted run's
+    assert sorted(dataset.loaded) == sorted(int(v) for v in whole[0] + whole[3])
+    assert (skip.served, skip.loaded, skip.remaining, said) == (2, 1, 0, [])
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_dataset_drawing_from_torch_loads_every_skipped_batch_where_checked(check: bool) -> None:
+    dataset = Samples(draws=True)
+    skip, batches, said = batches_of(dataset, 3, check=check)
+    assert len(dataset.loaded) == (12 if check else 6)
+    assert (skip.served, skip.loaded) == ((0, 3) if check else (2, 1))
+    if check:  # drawn in sequence: every batch is the uninterrupted run's
+        assert batches == uninterrupted(draws=True)
+        assert len(said) == 1 and "Samples.__getitem__ draws from" in said[0] and "2 other skipped" in said[0]
+    else:
+        assert said == []
+
+
+def test_the_shuffle_draw_is_not_taken_for_a_draw_of_the_dataset() -> None:
+    dataset = Samples()
+    skip, _, said = batches_of(dataset, 3, check=True)
+    assert (skip.served, skip.loaded, said) == (2, 1, [])
+
+
+def test_a_skip_longer_than_the_loader_ends_with_it() -> None:
+    skip, batches, _ = batches_of(Samples(), 9)
+    assert len(batches) == 4 and skip.remaining == 0 and (skip.served, skip.loaded) == (3, 1)
+
+
+def test_a_stateful_data_loader_skips_by_index_and_counts_the_skipped_batches() -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    torch.manual_seed(3)  # its sampler takes its generator's seed when it is built
+    whole = [b.tolist() for b in stateful.StatefulDataLoader(Samples(), batch_size=3, shuffle=True)]
+    torch.manual_seed(3)
+    adapter = SimpleNamespace(_dataloader=stateful.StatefulDataLoader(Samples(), batch_size=3, shuffle=True))
+    skip = IndexSkip(adapter, 2, check_generators=True)
+    skip.install()
+    iterator = iter(adapter._dataloader)
+    batches = [next(iterator).tolist() for _ in range(3)]
+    assert batches == [whole[0], whole[0], whole[2]] and (skip.served, skip.loaded) == (1, 1)
+    assert adapter._dataloader.state_dict()["_num_yielded"] == 3  # its own resume state counts them

@@ -204,6 +204,7 @@ SLOW_CASES = [
     ("tensorflow", "arrays", ["--steps-per-epoch", "5", "--epochs", "7", "--val"]),
     ("tensorflow", "arrays", ["--async-persist", "0", "--seed", "3"]),
     ("tensorflow", "pydataset", ["--steps-per-execution", "3", "--every", "6"]),
+    ("tensorflow", "dataloader", ["--val"]),  # iterated in tf.data's thread
     ("torch", "arrays", ["--val"]),
     ("torch", "pydataset", ["--val"]),
     ("torch", "dataloader", ["--val"]),
