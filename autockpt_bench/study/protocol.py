@@ -31,7 +31,8 @@ threads; 0 = framework default), ``keras_backend`` (Keras worker), ``out`` (resu
     complete; the same as blocked_s for synchronous methods; ``null`` where not observable),
     checkpoint_bytes (bytes on disk of the newest checkpoint: its file or directory, manifest
     excluded), format (e.g. ".ckpt", ".weights.h5", "orbax dir"), peak_rss_bytes (VmHWM),
-    threads``.
+    threads, hook_s_median (median seconds in the method's hooks over steps without a
+    checkpoint: the hooks' cost in every step; ``null`` for no checkpointing)``.
 
 ``restore``
     A new process resumes from the newest checkpoint the ``train`` run left in ``dir`` the way

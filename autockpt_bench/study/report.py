@@ -115,6 +115,12 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
                  if r["rep"] in base and r["train"].get("step_s") and base[r["rep"]].get("step_s")]
     row["slowdown"] = _median(slowdowns)
     row["slowdown_spread"] = _spread(slowdowns)
+    # the median step, far from most checkpoints: a cost paid in every step shows here
+    median_slowdowns = [r["train"]["step_s_median"] / base[r["rep"]]["step_s_median"] - 1 for r in trains
+                        if r["rep"] in base and r["train"].get("step_s_median") and base[r["rep"]].get("step_s_median")]
+    row["median_step_slowdown"] = _median(median_slowdowns)
+    row["median_step_slowdown_spread"] = _spread(median_slowdowns)
+    row["hook_ms"] = _ms(_median(r["train"].get("hook_s_median") for r in trains))
     if key.startswith("none"):
         return row
     blocked_all = [b for r in trains for b in r["train"].get("blocked_s", [])]
@@ -175,6 +181,10 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if row.get("reported_overhead") is not None:
                 how += f"; autockpt reported {row['reported_overhead'] * 100:.1f}%"
                 how += f" ±{row['reported_band'] * 100:.1f}" if row.get("reported_band") is not None else ""
+            if row.get("median_step_slowdown") is not None:
+                how += f"; median step {row['median_step_slowdown'] * 100:+.1f}%"
+            if row.get("hook_ms") is not None:
+                how += f", hooks {row['hook_ms']:.2f} ms per step"
             noise = row.get("baseline_spread")
             if noise is not None:
                 how += f"; baselines spread {noise * 100:.1f}%"

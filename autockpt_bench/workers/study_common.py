@@ -80,11 +80,13 @@ class Timeline:
             self.save_s[step] = save_s
 
     def figures(self, warmup: int) -> dict[str, Any]:
-        """``step_s``, ``step_s_median``, ``checkpoint_steps``, ``blocked_s``, ``save_s``.
+        """``step_s``, ``step_s_median``, ``checkpoint_steps``, ``blocked_s``, ``save_s``,
+        ``hook_s_median``.
 
-        Blocked time of a checkpoint after step ``s``: the hook time of steps ``s`` and ``s + 1``
-        (an overlapped copy is waited for in the next step) minus, for each, the median hook
-        time of steps without a checkpoint (the hooks' fixed cost), never below 0.
+        ``hook_s_median``: the median hook time of steps without a checkpoint (the hooks' fixed
+        cost, paid in every step). Blocked time of a checkpoint after step ``s``: the hook time
+        of steps ``s`` and ``s + 1`` (an overlapped copy is waited for in the next step) minus,
+        for each, that fixed cost, never below 0.
         """
         steps = sorted(self.step_end)
         window = [s for s in steps if s > warmup and s - 1 in self.step_end]
@@ -104,6 +106,7 @@ class Timeline:
             "checkpoint_steps": list(self.checkpoint_steps),
             "blocked_s": blocked,
             "save_s": [self.save_s.get(s) for s in self.checkpoint_steps],
+            "hook_s_median": base if self.hook_s else None,
         }
 
 

@@ -125,6 +125,30 @@ def test_each_budget_row_says_met_missed_or_below_the_machines_noise(budget_step
     assert "autockpt reported 1.2% ±0.3" in target["measured"] and "baselines spread" in target["measured"]
 
 
+def test_a_cost_in_every_step_shows_in_the_median_step_and_the_hook_time() -> None:
+    """Mean steps 3% slower in both rows; the median step 3% slower only where every step pays
+    (0.3 ms of hooks per step), not where a few steps around each checkpoint pay it all."""
+    runs = []
+    for rep in (0, 1):
+        base = _train(0.01, [])
+        every_step = {**_train(0.0103, [0.001]), "step_s_median": 0.0103, "hook_s_median": 0.0003}
+        around = {**_train(0.0103, [0.001]), "step_s_median": 0.01, "hook_s_median": 0.00002}
+        runs += [
+            {"framework": "keras", "workload": "small", "method": {"name": "none"}, "rep": rep, "train": base,
+             "restore": None},
+            {"framework": "keras", "workload": "small", "method": {"name": "autockpt-budget", "budget": 0.02},
+             "rep": rep, "train": every_step, "restore": None},
+            {"framework": "keras", "workload": "small", "method": {"name": "autockpt-budget", "budget": 0.05},
+             "rep": rep, "train": around, "restore": None},
+        ]
+    rows = {r["method"]: r for r in report.summarize(runs)}
+    assert rows["autockpt-budget-2%"]["median_step_slowdown"] == pytest.approx(0.03)
+    assert rows["autockpt-budget-5%"]["median_step_slowdown"] == pytest.approx(0.0)
+    assert rows["autockpt-budget-2%"]["hook_ms"] == pytest.approx(0.3)
+    measured = [t["measured"] for t in report.targets(list(rows.values()))]
+    assert "median step +3.0%, hooks 0.30 ms per step" in measured[0] and "median step +0.0%" in measured[1]
+
+
 def test_a_failed_or_skipped_method_is_a_row_that_says_so() -> None:
     runs = [{"framework": "keras", "workload": "small", "method": {"name": "none"}, "rep": 0, "train": _train(0.1, []), "restore": None},
             {"framework": "keras", "workload": "small", "method": {"name": "orbax", "every": 5}, "rep": 0,

@@ -49,7 +49,8 @@ def _run(tmp_path: Path, case: str, method: dict[str, Any], **fields: Any) -> di
 
 
 TRAIN_KEYS = {"framework", "workload", "method", "params", "state_bytes", "steps", "warmup", "step_s", "step_s_median",
-              "checkpoint_steps", "blocked_s", "save_s", "checkpoint_bytes", "format", "peak_rss_bytes", "threads"}
+              "checkpoint_steps", "blocked_s", "save_s", "checkpoint_bytes", "format", "peak_rss_bytes", "threads",
+              "hook_s_median"}
 #: autockpt's runs also give the overhead it reported (beside the slowdown measured against a baseline)
 REPORTED = {"reported_overhead", "reported_band"}
 RESTORE_KEYS = {"framework", "workload", "method", "restore_s", "imports_s", "load_s", "skip_s", "resumed_step",

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 TRAIN_KEYS = {
     "framework", "workload", "method", "params", "state_bytes", "steps", "warmup", "step_s", "step_s_median",
     "checkpoint_steps", "blocked_s", "save_s", "checkpoint_bytes", "format", "peak_rss_bytes", "threads",
+    "hook_s_median",
 }
 #: autockpt's runs also give the overhead it reported (beside the slowdown measured against a baseline)
 REPORTED = {"reported_overhead", "reported_band"}
