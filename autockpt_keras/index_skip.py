@@ -48,11 +48,10 @@ created) or in ``on_train_end``. Lookups and loads run on the thread that loads 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 from typing import Any, Callable, Iterator
 
-from autockpt_core import rng as core_rng
+from .rng import capture_shared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,14 +97,6 @@ def _loader_reason(loader: Any) -> str:
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         return "a DataLoader over an IterableDataset can only be drawn"
     return ""
-
-
-def watched_generators() -> Any:
-    """The global generators a dataset's load may draw from: Python's, numpy's and (when torch
-    is imported) torch's CPU generator; comparable with ``==``."""
-    state = core_rng.capture_rng()
-    torch = sys.modules.get("torch")
-    return (state, bytes(torch.get_rng_state().numpy()) if torch is not None else None)
 
 
 class IndexSkip:
@@ -156,9 +147,9 @@ class IndexSkip:
             self.loaded += 1
             if self._load_all:
                 return self.original[index]
-            before = watched_generators() if self.check_generators else None
+            before = capture_shared() if self.check_generators else None
             batch = self.original[index]
-            if before is not None and watched_generators() != before:
+            if before is not None and capture_shared() != before:
                 self._draws_seen(type(self.original).__name__)
             self._stand_in = batch
             return batch
@@ -196,7 +187,7 @@ class IndexSkip:
 
         def index_then_watch() -> Any:
             index = draw_index()
-            seen.append(watched_generators())
+            seen.append(capture_shared())
             return index
 
         iterator._next_index = index_then_watch
@@ -204,7 +195,7 @@ class IndexSkip:
             batch = next(iterator)
         finally:
             del iterator._next_index  # the iterator's own method again
-        if seen and watched_generators() != seen[0]:
+        if seen and capture_shared() != seen[0]:
             self._draws_seen(type(getattr(self.original, "dataset", self.original)).__name__)
         return batch
 

@@ -30,14 +30,19 @@ from autockpt_core import rng as core_rng
 __all__ = ["capture", "restore"]
 
 
-def capture(backend: str) -> dict[str, Any]:
-    """The state of every global generator of this process, as plain JSON."""
+def capture_shared() -> dict[str, Any]:
+    """Python's, numpy's and (when torch is imported) torch's generators, as plain JSON: the
+    ones a data pipeline draws from; comparable with ``==``."""
     if "torch" in sys.modules:  # the torch backend, or a torch DataLoader input on any backend
         from autockpt_torch import rng as torch_rng
 
-        state = torch_rng.capture_rng()
-    else:
-        state = core_rng.capture_rng()
+        return torch_rng.capture_rng()
+    return core_rng.capture_rng()
+
+
+def capture(backend: str) -> dict[str, Any]:
+    """The state of every global generator of this process, as plain JSON."""
+    state = capture_shared()
     keras_seed = _keras_seed_state()
     if keras_seed is not None:
         state["keras_seed"] = keras_seed
@@ -55,14 +60,10 @@ def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> li
     ``SeedGenerator`` is restored before Python's generator, because creating it draws its
     seed from Python's ``random``.
     """
-    keep = set(keep)
-    if keep & {"python", "numpy"}:
-        current = core_rng.capture_rng()
-        state = {**state, **{name: current[name] for name in ("python", "numpy") if name in keep}}
-    if "torch" in keep and "torch" in state and "torch" in sys.modules:
-        from autockpt_torch import rng as torch_rng
-
-        state = {**state, "torch": torch_rng.capture_rng()["torch"]}
+    kept = set(keep) & ({"python", "numpy", "torch"} if "torch" in state else {"python", "numpy"})
+    if kept:
+        current = capture_shared()
+        state = {**state, **{name: current[name] for name in kept if name in current}}
     problems: list[str] = []
     if "keras_seed" in state:
         _restore_keras_seed(state["keras_seed"])

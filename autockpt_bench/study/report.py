@@ -111,13 +111,11 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
     if row["budget"] is not None:  # the noise the budget is judged against
         row["baseline_spread"] = _relative_spread(t.get("step_s") for t in base.values())
     row["step_median_ms"] = (_median(r["train"].get("step_s_median") for r in trains) or 0) * 1e3 or None
-    slowdowns = [r["train"]["step_s"] / base[r["rep"]]["step_s"] - 1 for r in trains
-                 if r["rep"] in base and r["train"].get("step_s") and base[r["rep"]].get("step_s")]
+    slowdowns = _vs_baseline(trains, base, "step_s")
     row["slowdown"] = _median(slowdowns)
     row["slowdown_spread"] = _spread(slowdowns)
     # the median step, far from most checkpoints: a cost paid in every step shows here
-    median_slowdowns = [r["train"]["step_s_median"] / base[r["rep"]]["step_s_median"] - 1 for r in trains
-                        if r["rep"] in base and r["train"].get("step_s_median") and base[r["rep"]].get("step_s_median")]
+    median_slowdowns = _vs_baseline(trains, base, "step_s_median")
     row["median_step_slowdown"] = _median(median_slowdowns)
     row["median_step_slowdown_spread"] = _spread(median_slowdowns)
     row["hook_ms"] = _ms(_median(r["train"].get("hook_s_median") for r in trains))
@@ -158,6 +156,12 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
+
+
+def _vs_baseline(trains: list[dict[str, Any]], base: dict[int, dict[str, Any]], field: str) -> list[float]:
+    """Each run's ``field`` against its repetition's baseline, as a relative slowdown."""
+    return [r["train"][field] / base[r["rep"]][field] - 1 for r in trains
+            if r["rep"] in base and r["train"].get(field) and base[r["rep"]].get(field)]
 
 
 def _gaps(steps: list[int]) -> list[float]:
