@@ -196,13 +196,17 @@ class FitDriver:
         if signum is not None:
             self._act_on_signal(step, signum, saved=False)
 
-    def step_end(self, step: int, *, loss: SupportsFloat | None = None, unclean: bool = False,
+    def step_end(self, step: int, *, loss: SupportsFloat | None = None,
+                 unclean: bool | Callable[[], bool] = False,
                  prepare: Callable[[CheckpointSession], None] | None = None) -> None:  # fmt: skip
         """Collective, after every optimizer step: process 0 decides, every process agrees, then
         the checkpoint (or its deferral) and a signal any process received.
 
-        ``loss`` and ``unclean`` are read on process 0 only; ``prepare(session)`` runs there
-        before the decision (buffer allocation), its error raised on every process. ``loss`` may
+        ``loss`` and ``unclean`` are read on process 0 only. ``unclean`` may be a function, called
+        (training thread, this step) only where its answer matters: at every step of a job of
+        several processes; in a job of one, when a checkpoint is due or a signal came.
+        ``prepare(session)`` runs on process 0 before the decision (buffer allocation), its
+        error raised on every process. ``loss`` may
         be a device tensor: it is read on the host (``float``, which may wait for a GPU) only
         where the policy needs every step's loss (the front-loaded schedule fits the loss
         curve), and the last one by :meth:`final`.
@@ -221,7 +225,10 @@ class FitDriver:
                 save, reason = decision.save, decision.reason
             except Exception as exc:  # a background write error: every process stops with it
                 error = exc
-        agreed = self.group.settle(error, save=save, unclean=unclean, signum=self._signum(), times=times)
+        signum = self._signum()
+        if callable(unclean):
+            unclean = unclean() if self.group.count > 1 or save or signum is not None else False
+        agreed = self.group.settle(error, save=save, unclean=unclean, signum=signum, times=times)
         save, signum = agreed.save, agreed.signum
         if session is not None and self.group.count > 1:
             session.combine_ranks(agreed.slowest)  # the interval suits the slowest process

@@ -53,7 +53,9 @@ class ResumePoint:
         return max(0, self.stream_pos - self.batches_done)
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
+        # Shallow: json.dumps walks the generators' states itself; dataclasses.asdict would
+        # deep-copy their ~28,000 numbers first, in the hook that blocks training.
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data["problems"] = list(self.problems)
         data["version"] = POINT_VERSION
         return json.dumps(data, separators=(",", ":"))

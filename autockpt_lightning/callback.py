@@ -206,7 +206,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         driver.step_end(
             step,
             loss=_loss_of(outputs) if writes else None,  # a tensor: the driver reads it only when needed
-            unclean=writes and not _resume.at_clean_boundary(trainer),
+            unclean=(lambda: not _resume.at_clean_boundary(trainer)) if writes else False,
             prepare=self._warm_buffers if self._sharded is None else None,  # DCP stages into its own buffers
         )
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import threading
-from collections import deque
 
-from .stats import mean_sd, t_quantile
+from .sorted_window import SortedWindow
+from .stats import t_quantile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +134,13 @@ class Profiler:
             raise ValueError(f"window must be >= 1, got {window}")
         self._warmup = warmup_steps
         self._lock = threading.Lock()
-        self._iter: deque[float] = deque(maxlen=window)
-        self._recent: deque[float] = deque(maxlen=RECENT)
-        self._loaded_iter: deque[float] = deque(maxlen=window)
-        self._stall: deque[float] = deque(maxlen=window)
-        self._persist: deque[float] = deque(maxlen=window)
-        self._bytes: deque[int] = deque(maxlen=window)
+        self._iter = SortedWindow(window)
+        self._recent = SortedWindow(RECENT)
+        self._loaded_iter = SortedWindow(window)
+        self._stall = SortedWindow(window)
+        self._persist = SortedWindow(window)
+        self._bytes = SortedWindow(window)
+        self._estimates: Estimates | None = None  # the reading since the last record, if taken
         self._iterations = 0
         self._checkpoints = 0
         self._window = window
@@ -154,6 +154,7 @@ class Profiler:
         ``loaded`` marks iterations that overlapped a snapshot copy or a persist.
         """
         with self._lock:
+            self._estimates = None
             self._iterations += 1
             self._last_kind = None
             if self._iterations <= self._warmup or seconds < 0:
@@ -183,23 +184,27 @@ class Profiler:
         A no-op when that iteration was not kept (warm-up, negative).
         """
         with self._lock:
+            self._estimates = None
             if self._last_kind == "clean" and self._iter and self._recent:
-                self._iter[-1] = self._recent[-1] = max(0.0, seconds)
+                self._iter.replace_last(max(0.0, seconds))
+                self._recent.replace_last(max(0.0, seconds))
             elif self._last_kind == "loaded" and self._loaded_iter:
-                self._loaded_iter[-1] = max(0.0, seconds)
+                self._loaded_iter.replace_last(max(0.0, seconds))
 
     def revise_last_stall(self, seconds: float) -> float:
         """Raise the newest stall to ``seconds`` if longer (the slowest rank's); returns the increase."""
         with self._lock:
-            if not self._stall or seconds <= self._stall[-1]:
+            if not self._stall or seconds <= self._stall.last:
                 return 0.0
-            increase = seconds - self._stall[-1]
-            self._stall[-1] = seconds
+            self._estimates = None
+            increase = seconds - self._stall.last
+            self._stall.replace_last(seconds)
             return increase
 
     def record_stall(self, seconds: float, nbytes: int) -> None:
         """Time the training thread was blocked by one checkpoint, and its size."""
         with self._lock:
+            self._estimates = None
             self._checkpoints += 1
             self._stall.append(max(0.0, seconds))
             self._bytes.append(int(nbytes))
@@ -207,18 +212,22 @@ class Profiler:
     def record_persist(self, seconds: float) -> None:
         """Wall time of one background persist (serialize, write, fsync, rename, manifest)."""
         with self._lock:
+            self._estimates = None
             self._persist.append(max(0.0, seconds))
 
     def estimates(self) -> Estimates:
-        """Current medians; safe to call from any thread."""
+        """Current medians; safe to call from any thread. The same object until the next record."""
         with self._lock:
+            if self._estimates is not None:
+                return self._estimates
             clean = self._iteration_estimate()
             loaded_mean, loaded_sd = _capped_mean_sd(self._loaded_iter, clean)
-            return Estimates(
+            checkpoint_bytes = self._bytes.median()
+            self._estimates = Estimates(
                 iter_time_s=clean,
                 stall_s=_median(self._stall),
                 persist_s=_median(self._persist),
-                checkpoint_bytes=int(statistics.median(self._bytes)) if self._bytes else None,
+                checkpoint_bytes=int(checkpoint_bytes) if checkpoint_bytes is not None else None,
                 loaded_iter_time_s=loaded_mean,
                 loaded_iterations=len(self._loaded_iter),
                 loaded_sd_s=loaded_sd,
@@ -227,6 +236,7 @@ class Profiler:
                 iterations_seen=self._iterations,
                 checkpoints_seen=self._checkpoints,
             )
+            return self._estimates
 
     def _iteration_estimate(self) -> float | None:
         """Median of the clean iterations, or None while a stale window is being re-measured."""
@@ -244,28 +254,29 @@ class Profiler:
 OUTLIER_CAP = 5.0
 
 
-def _capped_mean_sd(values: deque[float], clean: float | None) -> tuple[float | None, float | None]:
+def _capped_mean_sd(values: SortedWindow, clean: float | None) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation of ``values``, each capped at OUTLIER_CAP x the clean
     median (mean None when empty, standard deviation None below two values).
 
     The mean (not the median) keeps the whole cost of a persist that slows a few iterations a
     lot; the cap stops one extreme outlier (a page-cache flush) from turning it into a
-    1000% slowdown. One pass of ``stats.mean_sd``: this runs after every step.
+    1000% slowdown.
     """
-    if not values:
-        return None, None
     cap = OUTLIER_CAP * clean if clean is not None and clean > 0 else math.inf
-    mean, sd = mean_sd([min(v, cap) for v in values])
+    figures = values.capped_mean_sd(cap)
+    if figures is None:
+        return None, None
+    mean, sd = figures
     return mean, (sd if len(values) > 1 else None)
 
 
-def _robust_sd(values: deque[float]) -> float | None:
+def _robust_sd(values: SortedWindow) -> float | None:
     """1.4826 × the median absolute deviation of ``values`` (None below SPREAD_SAMPLES)."""
     if len(values) < SPREAD_SAMPLES:
         return None
-    center = statistics.median(values)
-    return MAD_TO_SD * float(statistics.median(abs(v - center) for v in values))
+    return MAD_TO_SD * float(values.median_abs_deviation())  # type: ignore[arg-type]
 
 
-def _median(values: deque[float] | deque[int]) -> float | None:
-    return float(statistics.median(values)) if values else None
+def _median(values: SortedWindow) -> float | None:
+    median = values.median()
+    return float(median) if median is not None else None

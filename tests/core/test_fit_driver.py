@@ -130,9 +130,24 @@ def make(
     return driver, session, taker, handler
 
 
-def run_steps(driver: FitDriver, steps: range, unclean: tuple[int, ...] = (), losses: dict[int, float] | None = None) -> None:
+def run_steps(
+    driver: FitDriver,
+    steps: range,
+    unclean: tuple[int, ...] = (),
+    losses: dict[int, float] | None = None,
+    asked: list[int] | None = None,
+) -> None:
+    """``asked``: pass ``unclean`` as a function that notes the steps it was called at."""
     for step in steps:
-        driver.step_end(step, loss=(losses or {}).get(step, 1.0), unclean=step in unclean)
+        if asked is None:
+            driver.step_end(step, loss=(losses or {}).get(step, 1.0), unclean=step in unclean)
+            continue
+
+        def is_unclean(step: int = step) -> bool:
+            asked.append(step)
+            return step in unclean
+
+        driver.step_end(step, loss=(losses or {}).get(step, 1.0), unclean=is_unclean)
 
 
 # -- one process: decisions, deferral, the final checkpoint --------------------------------------
@@ -161,6 +176,13 @@ def test_step_end_takes_what_is_due_and_defers_it_past_an_unclean_boundary(
     run_steps(driver, range(1, 7), unclean)
     assert taker.taken == expected
     assert [e.step for e in driver.events] == [s for s, _ in expected]
+
+    lazy, _, lazy_taker, _ = make(tmp_path, due, save_on_train_end=False)
+    lazy.begin(0)
+    asked: list[int] = []
+    run_steps(lazy, range(1, 7), unclean, asked=asked)
+    assert lazy_taker.taken == expected  # the same decisions, with the boundary asked about
+    assert asked == sorted(due)  # only where a checkpoint was due
 
 
 def test_a_deferral_taken_at_a_boundary_keeps_its_reason_and_step(tmp_path: Path) -> None:
@@ -261,9 +283,11 @@ def test_a_signal_commits_a_checkpoint_of_its_step_then_exits(
     driver.begin(0)
     run_steps(driver, range(1, 3))
     handler.signum = TERM
+    asked: list[int] = []
     with pytest.raises(Preempted) as stopped:
-        run_steps(driver, range(3, 6), unclean)
+        run_steps(driver, range(3, 6), unclean, asked=asked)
     assert taker.taken == expected
+    assert asked == list(range(3, expected[0][0] + 1))  # a signal came: asked at every step until it ends
     assert (stopped.value.signum, stopped.value.step) == (TERM, expected[0][0])
     assert driver.preempted is not None and driver.preempted.step == expected[0][0]
 
@@ -364,7 +388,9 @@ def test_process_0_decides_and_every_process_takes_the_checkpoint(tmp_path: Path
     def fit(i: int) -> list[tuple[int, str]]:
         driver, _, taker, _ = fits[i]
         driver.begin(0)
-        run_steps(driver, range(1, 4), unclean=(2,) if i == 0 else ())  # process 0's view counts
+        asked: list[int] = []
+        run_steps(driver, range(1, 4), unclean=(2,) if i == 0 else (), asked=asked)  # process 0's view counts
+        assert asked == [1, 2, 3]  # several processes: asked at every step, for the collective
         driver.final(3)
         driver.finish()
         return taker.taken

@@ -54,3 +54,22 @@ def test_a_one_process_file_resumed_by_one_process_is_unchanged_and_quiet() -> N
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert info.for_process(0, 1) is info
+
+
+def test_a_resume_point_with_real_generator_states_round_trips_through_its_json() -> None:
+    import random
+
+    states = {
+        "python": list(random.Random(3).getstate()[1]),
+        "numpy": np.random.default_rng(3).bit_generator.state,
+        "nested": {"tuple": (1, 2), "list": [[0.5, None], "text"]},
+    }
+    original = ResumePoint(
+        epoch=2, batches_done=5, iterators_before=1, stream_pos=5, rng_stream=states, rng_step=states,
+        rng_first_draw=None, steps_per_execution=2, inputs="arrays", problems=("a", "b"),
+    )
+    text = original.to_json()
+    parsed = ResumePoint.from_json(text)
+    assert parsed.to_json() == text
+    assert parsed.problems == ("a", "b") and parsed.rng_stream["python"] == states["python"]
+    assert parsed.rng_stream["nested"] == {"tuple": [1, 2], "list": [[0.5, None], "text"]}  # JSON's lists

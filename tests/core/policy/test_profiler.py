@@ -81,3 +81,26 @@ def test_the_spread_of_clean_steps_is_a_robust_standard_deviation(steps: list[fl
     p.record_iteration(3.0, loaded=True)  # loaded steps do not count
     got = p.estimates().iter_sd_s
     assert got == (None if sd is None else pytest.approx(sd))
+
+
+def test_a_reading_is_kept_until_the_next_measurement() -> None:
+    p = Profiler(warmup_steps=0, window=10)
+    for seconds in (0.1, 0.2, 0.3):
+        p.record_iteration(seconds)
+    first = p.estimates()
+    assert p.estimates() is first  # nothing recorded since: the same reading
+    changes = [
+        lambda: p.record_iteration(0.4),
+        lambda: p.record_iteration(0.5, loaded=True),
+        lambda: p.revise_last_iteration(0.9),
+        lambda: p.record_stall(0.05, 100),
+        lambda: p.revise_last_stall(0.07),
+        lambda: p.record_persist(1.0),
+    ]
+    readings = [first]
+    for change in changes:
+        change()
+        reading = p.estimates()
+        assert reading is not readings[-1] and reading != readings[-1]
+        readings.append(reading)
+    assert readings[-1].loaded_iter_time_s == 0.9 and readings[-1].stall_s == 0.07
