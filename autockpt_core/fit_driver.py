@@ -200,7 +200,9 @@ class FitDriver:
                  unclean: bool | Callable[[], bool] = False,
                  prepare: Callable[[CheckpointSession], None] | None = None) -> None:  # fmt: skip
         """Collective, after every optimizer step: process 0 decides, every process agrees, then
-        the checkpoint (or its deferral) and a signal any process received.
+        the checkpoint (or its deferral) and a signal any process received. On process 0 the
+        time this call took, its checkpoint and (several processes) the collective aside, goes
+        to the session as the step's hook time.
 
         ``loss`` and ``unclean`` are read on process 0 only. ``unclean`` may be a function, called
         (training thread, this step) only where its answer matters: at every step of a job of
@@ -211,6 +213,7 @@ class FitDriver:
         where the policy needs every step's loss (the front-loaded schedule fits the loss
         curve), and the last one by :meth:`final`.
         """
+        entry = self._clock()
         self.trained = True
         times = self._step_clock.lap()
         session = self.session
@@ -228,7 +231,11 @@ class FitDriver:
         signum = self._signum()
         if callable(unclean):
             unclean = unclean() if self.group.count > 1 or save or signum is not None else False
+        settle_start = self._clock() if self.group.count > 1 else 0.0
         agreed = self.group.settle(error, save=save, unclean=unclean, signum=signum, times=times)
+        # Several processes: the collective also waits for the slowest one's step, which is not
+        # this hook's work (without autockpt the next gradient exchange would wait as long).
+        settle_s = self._clock() - settle_start if self.group.count > 1 else 0.0
         save, signum = agreed.save, agreed.signum
         if session is not None and self.group.count > 1:
             session.combine_ranks(agreed.slowest)  # the interval suits the slowest process
@@ -244,11 +251,16 @@ class FitDriver:
         ):
             self._deferral = _Deferral(step, reason if save else None)
             save, signum = False, None
+        checkpoint_s = 0.0
         if save:
+            started = self._clock()
             self._checkpoint(Due(step, reason))
+            checkpoint_s = self._clock() - started  # counted as the checkpoint's stall
         elif session is not None and decision is not None and decision.interval is not None:
             if decision.interval.steps != self._logged_interval:
                 self._send_metrics()
+        if session is not None and decision is not None:
+            session.hook_time(self._clock() - entry - checkpoint_s - settle_s)
         if signum is not None:
             self._act_on_signal(step, signum, saved=save)
 

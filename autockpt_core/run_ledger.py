@@ -2,8 +2,8 @@
 numbers reported from it (the framework's logger, the events, the end-of-run summary line).
 
 ``CheckpointSession`` writes to it on the training thread (``started`` at ``start()``,
-``step`` after every optimizer step, ``stalled`` for every blocked interval, ``taken`` per
-checkpoint) and reads it in ``metrics()`` and ``summary()``. The overhead it reports is the
+``step`` after every optimizer step, ``hooks`` for its hook's own time, ``stalled`` for every
+blocked interval, ``taken`` per checkpoint) and reads it in ``metrics()`` and ``summary()``. The overhead it reports is the
 measured one (:mod:`.policy.overhead_meter`): the wall time of the steps with checkpoint work
 against clean steps, with its noise; never the blocked time alone.
 """
@@ -46,6 +46,10 @@ class RunLedger:
         """The training thread was blocked ``seconds`` by a checkpoint (hook, copy, wait)."""
         self.total_stall += seconds
         self.meter.blocked(seconds)
+
+    def hooks(self, seconds: float) -> None:
+        """autockpt's own work in the hook of the step just recorded took ``seconds``."""
+        self.meter.hooks(seconds)
 
     def waited_at_end(self, seconds: float) -> None:
         """The end of training waited ``seconds`` for the last persist: an overhead the run

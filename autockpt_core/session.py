@@ -267,6 +267,13 @@ class CheckpointSession:
         self.last_decision = decision
         return decision
 
+    def hook_time(self, seconds: float) -> None:
+        """autockpt's own work in the hook of the step :meth:`step_end` just recorded took
+        ``seconds`` (its checkpoint's stall not included): every step pays it, so it is counted
+        in the measured overhead, and the interval keeps the budget it leaves. Training thread."""
+        self.profiler.record_hook(seconds)
+        self.ledger.hooks(seconds)
+
     def combine_ranks(self, slowest: RankTimes) -> None:
         """Data parallelism: the slowest rank's figures replace this rank's for the step just ended.
 

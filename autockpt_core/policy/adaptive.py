@@ -50,7 +50,7 @@ import math
 import statistics
 
 from ..config import Config
-from .decision import Adjuster, IntervalChoice, choose_interval
+from .decision import Adjuster, IntervalChoice, checkpoint_budget, choose_interval
 from .profiler import Estimates
 from .stats import clearly_different, excess_sd, mean_sd, t_quantile
 
@@ -260,7 +260,7 @@ class AdaptiveTuner(Adjuster):
         measured = dataclasses.replace(est, iter_time_s=t, loaded_iter_time_s=None)
         in_force = (self._choice or base).steps
         target = choose_interval(self._aim, measured, cost_s=cost)
-        budget = self.config.overhead_budget
+        budget = checkpoint_budget(self.config.overhead_budget, measured)  # what the hooks leave
         overhead = cost / (in_force * t)
         if overhead > budget * (1 + 1e-6) and target.steps > in_force:
             direction, why = "lengthen", f"overhead {overhead:.2%} > budget {budget:.2%}"

@@ -107,10 +107,26 @@ class Adjuster:
 AdjusterSpec = Union[IntervalAdjuster, Sequence[IntervalAdjuster], None]
 
 
+#: The share of the budget checkpoints keep when autockpt's own per-step work takes all of it.
+MIN_CHECKPOINT_SHARE = 0.1
+
+
+def checkpoint_budget(budget: float, est: Estimates) -> float:
+    """The part of ``budget`` left to the checkpoints once autockpt's own per-step work
+    (``est.hook_s`` of every step of ``est.iter_time_s``) has taken its share; at least
+    :data:`MIN_CHECKPOINT_SHARE` of it, so that checkpoints are still taken, further apart,
+    where the hooks alone cost the whole budget (the overhead then reads above it, and says so)."""
+    hook, t = est.hook_s, est.iter_time_s
+    if not hook or not t or t <= 0:
+        return budget
+    return max(budget - hook / t, budget * MIN_CHECKPOINT_SHARE)
+
+
 def choose_interval(config: Config, est: Estimates, cost_s: float | None = None) -> IntervalChoice:
     """The interval for the current estimates (requires ``est.ready`` unless every_n_steps is set).
 
-    Rules: the budget bound (cost / (k·t) ≤ budget) and the persist bound (no new checkpoint
+    Rules: the budget bound (cost / (k·t) ≤ the budget left after autockpt's per-step work,
+    :func:`checkpoint_budget`) and the persist bound (no new checkpoint
     before the previous persist finished) give the densest allowed interval. With an MTBF, the
     Daly optimum is used, but never denser than those bounds. ``min_interval``/``max_interval``
     clamp the result; an explicit ``max_interval`` wins over the budget.
@@ -135,7 +151,7 @@ def choose_interval(config: Config, est: Estimates, cost_s: float | None = None)
     expected = float(cost_s) if cost_s is not None else float(est.expected_cost_s)  # type: ignore[arg-type]
     t = max(t, 1e-9)
     candidates: dict[str, int] = {
-        "budget": budget_interval_steps(cost, t, config.overhead_budget),
+        "budget": budget_interval_steps(cost, t, checkpoint_budget(config.overhead_budget, est)),
         "persist": persist_interval_steps(persist, stall, t),
     }
     rule = max(("budget", "persist"), key=lambda r: candidates[r])

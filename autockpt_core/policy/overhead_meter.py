@@ -4,21 +4,28 @@ Not the time the hooks blocked: the wall time of every step since warm-up agains
 same steps take without checkpoint work. Steps that overlapped no snapshot copy and no persist
 are *clean*; their mean ``m`` (and spread ``σ``) stand for the run without checkpointing. Then
 
-    extra = Σ loaded steps + Σ blocked time − n_loaded · m
+    extra = Σ loaded steps + Σ blocked time + Σ hook time − n_loaded · m
     overhead = extra / (n · m)          (n: every step counted)
+
+*Hook time* is the time autockpt's own per-step work took (the driver's step-end hook, timed
+by the driver: the profiler, the decision, the metrics), which clean steps pay as well, so the
+comparison with them cannot show it: it is measured directly and added (it carries no noise of
+its own). ``m`` includes it, which understates the overhead by a factor ``1 − h/m`` (about 2%
+of its value when the hooks take 2% of a step).
 
 The mean, not the median: a baseline's step time is a mean, and the slow outliers it has
 (a GC pause, a page-cache flush) fall in clean steps too. Noise: the loaded steps each carry
 ``σ`` and are compared with one estimated mean, so
 ``sd(extra) = σ·√(n_l + n_l²/n_c)`` (:meth:`Overhead.noise`). Effects that outlast every
-copy and persist (cache pollution) land in clean steps and are not seen; a per-step cost of
-the hooks is in every step and is not seen either: a benchmark against a run without the
-callback measures those.
+copy and persist (cache pollution) land in clean steps and are not seen, nor is what the hooks
+cost the framework's own code around them (caches they evict): a benchmark against a run
+without the callback measures those.
 
 Call order (training thread, driven by :class:`~autockpt_core.session.CheckpointSession`):
 ``step(seconds, loaded)`` after every optimizer step (its own blocked time subtracted; the
 first ``warmup`` steps are not counted), ``revise_last_step(seconds)`` when the slowest rank's
-time replaces it, ``blocked(seconds)`` for every blocked interval, ``reading()`` at any time.
+time replaces it, ``blocked(seconds)`` for every blocked interval, ``hooks(seconds)`` after a
+step's hook (not counted for the warm-up steps), ``reading()`` at any time.
 Pure: no clock, no threads.
 """
 
@@ -87,6 +94,7 @@ class OverheadMeter:
         self._loaded_n = 0
         self._loaded_sum = 0.0
         self._blocked = 0.0
+        self._hooks = 0.0
         self._last: tuple[float, bool] | None = None  # the newest counted step: (seconds, loaded)
 
     def step(self, seconds: float, loaded: bool) -> None:
@@ -112,6 +120,11 @@ class OverheadMeter:
         """The training thread was blocked ``seconds`` by checkpoint work."""
         self._blocked += max(0.0, seconds)
 
+    def hooks(self, seconds: float) -> None:
+        """autockpt's own work in the hook of the step just counted took ``seconds``."""
+        if self._seen > self._warmup:
+            self._hooks += max(0.0, seconds)
+
     def _add(self, seconds: float, loaded: bool, sign: int) -> None:
         if loaded:
             self._loaded_n += sign
@@ -136,10 +149,10 @@ class OverheadMeter:
         n_c, n_l = self._clean_n, self._loaded_n
         steps = n_c + n_l
         m = self._clean_mean
-        if n_c < 2 or m <= 0 or (n_l == 0 and self._blocked == 0):
+        if n_c < 2 or m <= 0 or (n_l == 0 and self._blocked == 0 and self._hooks == 0):
             return Overhead(None, None, steps)
         sd = math.sqrt(max(self._clean_m2, 0.0) / (n_c - 1))
-        extra = self._loaded_sum + self._blocked - n_l * m
+        extra = self._loaded_sum + self._blocked + self._hooks - n_l * m
         work = steps * m
         noise = excess_sd(sd, n_l, n_c)
         return Overhead(extra / work, noise / work, steps)

@@ -4,8 +4,8 @@ The training thread feeds raw measurements; estimates are medians over a sliding
 single slow step (GC pause, page-cache flush) does not move them. The first ``warmup_steps``
 iterations are ignored (compilation, allocator and cache warm-up).
 
-Threading: ``record_iteration``/``record_stall`` are called from the training thread,
-``record_persist`` from the writer thread; a lock keeps the windows consistent.
+Threading: ``record_iteration``, ``record_hook`` and ``record_stall`` are called from the
+training thread, ``record_persist`` from the writer thread; a lock keeps the windows consistent.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class Estimates:
     too slowly for that). ``iter_sd_s`` is the spread of the clean iterations in the window, a
     robust standard deviation (1.4826 × the median absolute deviation; None below
     :data:`SPREAD_SAMPLES`): how much two identical steps differ on this machine, the noise
-    against which a slowdown measured over a few steps is judged. ``loaded_iterations`` and
+    against which a slowdown measured over a few steps is judged. ``hook_s``: the median time
+    of autockpt's own work in a step's hook (every step pays it; None until measured).
+    ``loaded_iterations`` and
     ``loaded_sd_s``: how many loaded iterations ``loaded_iter_time_s`` averages (in the window)
     and their spread, from which :attr:`checkpoint_cost_s` bounds the slowdown from above.
     """
@@ -48,6 +50,7 @@ class Estimates:
     loaded_sd_s: float | None = None
     iterations_seen: int = 0
     checkpoints_seen: int = 0
+    hook_s: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -140,6 +143,7 @@ class Profiler:
         self._stall = SortedWindow(window)
         self._persist = SortedWindow(window)
         self._bytes = SortedWindow(window)
+        self._hook = SortedWindow(window)
         self._estimates: Estimates | None = None  # the reading since the last record, if taken
         self._iterations = 0
         self._checkpoints = 0
@@ -177,6 +181,15 @@ class Profiler:
                 self._since_clean = 0
                 if len(self._iter) >= REFRESH_SAMPLES:
                     self._refreshing = False
+
+    def record_hook(self, seconds: float) -> None:
+        """autockpt's own work in the hook of the iteration just recorded took ``seconds``
+        (not kept for warm-up iterations)."""
+        with self._lock:
+            if self._iterations <= self._warmup:
+                return
+            self._estimates = None
+            self._hook.append(max(0.0, seconds))
 
     def revise_last_iteration(self, seconds: float) -> None:
         """Replace the newest iteration's duration (the job's, once every rank's is known).
@@ -235,6 +248,7 @@ class Profiler:
                 iter_sd_s=_robust_sd(self._iter),
                 iterations_seen=self._iterations,
                 checkpoints_seen=self._checkpoints,
+                hook_s=_median(self._hook),
             )
             return self._estimates
 

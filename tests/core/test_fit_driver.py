@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ class FakeSession:
         self.storage = None
         self.mirror = None
         self.last_decision: Decision | None = None
+        self.hook_times: list[float] = []
+
+    def hook_time(self, seconds: float) -> None:
+        self.hook_times.append(seconds)
 
     def start(self, step: int) -> None:
         self.started.append(step)
@@ -472,3 +477,52 @@ def test_a_failure_in_the_last_persist_is_raised_on_every_process(tmp_path: Path
 
     results = on_threads(2, fit)
     assert isinstance(results[0], OSError) and isinstance(results[1], PeerFailedError)
+
+
+class TickingClock:
+    """A clock that advances 1 s at every reading; ``jump(s)`` adds ``s`` (work that took time)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def jump(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_hook_time_of_each_step_reaches_the_session_without_its_checkpoint(tmp_path: Path) -> None:
+    clock = TickingClock()
+    config = Config(dirpath=str(tmp_path))
+    session = FakeSession(config, {2: "interval"})
+
+    def take(due: Due) -> CheckpointEvent:
+        clock.jump(100.0)  # the checkpoint's copy: its stall, not the hook's own time
+        return CheckpointEvent(due.step, 0, due.reason, None, None, 0.0, 0)
+
+    driver = FitDriver(config, ProcessGroup(), session, take, clock=clock)  # type: ignore[arg-type]
+    driver.begin(0)
+    for step in (1, 2, 3):
+        driver.step_end(step, loss=1.0)
+    # a step reads the clock at its entry, its lap and its exit: 2 ticks between entry and exit;
+    # the checkpoint's step reads it once more after the checkpoint, whose 100 s are its stall
+    assert session.hook_times == [2.0, 3.0, 2.0]
+
+
+def test_the_wait_for_a_slower_process_is_not_counted_as_hook_time(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 2)
+
+    def fit(i: int) -> None:
+        driver = fits[i][0]
+        driver.begin(0)
+        for step in (1, 2, 3):
+            if i == 1:
+                time.sleep(0.2)  # process 1's steps are slower: process 0 waits in the collective
+            driver.step_end(step, loss=1.0)
+
+    on_threads(2, fit)
+    hook_times = fits[0][1].hook_times
+    assert len(hook_times) == 3 and all(h < 0.1 for h in hook_times), hook_times  # 0.2 s waits excluded
+    assert fits[1][1].hook_times == []  # process 1 has no session: nothing recorded there

@@ -26,7 +26,7 @@ def make_snapshot(state, clock, copy_seconds):
     return snapshot
 
 
-def run(session, clock, state, steps, iter_time=0.1, copy_seconds=0.01):
+def run(session, clock, state, steps, iter_time=0.1, copy_seconds=0.01, hook_s=None):
     saved = []
     session.start(0)
     for step in range(1, steps + 1):
@@ -37,6 +37,8 @@ def run(session, clock, state, steps, iter_time=0.1, copy_seconds=0.01):
             session.save(step, 0, make_snapshot(state, clock, copy_seconds))
             session.writer.wait()
             saved.append((step, decision))
+        if hook_s is not None:
+            session.hook_time(hook_s)
     return saved
 
 
@@ -60,6 +62,19 @@ def test_policy_spacing_matches_reported_interval(tmp_path) -> None:
     arrays, _ = read_tensor_file((tmp_path / newest.name).read_bytes())
     assert arrays["w"][0, 0] == saved[-1][0]  # the snapshot holds the state at that step
     assert session.buffers.allocations == 1  # reused across all checkpoints
+
+
+def test_the_hooks_share_is_in_the_overhead_and_the_interval_keeps_what_is_left(tmp_path) -> None:
+    clock = FakeClock()
+    cfg = Config(dirpath=str(tmp_path), overhead_budget=0.02, warmup_steps=3, async_persist=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".safetensors", clock=clock)
+    saved = run(session, clock, {"w": np.zeros((10, 10), np.float32)}, 200, hook_s=0.001)
+    # hooks take 1 ms of each 100 ms step: 1% of the 2% left; 10 ms stall -> k = 0.01 / 0.001 = 10
+    assert {d.interval.steps for _, d in saved[1:]} == {10}
+    assert session.estimates().hook_s == pytest.approx(0.001)
+    summary = session.finish()
+    # 1% of hooks in every step plus the checkpoints' 0.01 s per 10 steps: 2% in all
+    assert summary.overhead == pytest.approx(0.01 + 0.01 / (0.1 * 10), rel=0.1)
 
 
 def test_every_n_steps_overrides_policy(tmp_path) -> None:

@@ -193,6 +193,7 @@ def train(
     out["iterations_at_end"] = int(model.optimizer.iterations.numpy())
     out["iteration_reads"] = iteration_reads
     out["planned_end"] = auto.session.policy.end_step if auto.session is not None else None
+    out["hook_s"] = auto.session.estimates().hook_s if auto.session is not None else None
     out["digest"] = weights_digest(model)
     remote = "://" in str(dirpath)  # with a local dirpath, storage_options are the mirror's
     out["latest"] = latest_checkpoint(dirpath, storage_options=kwargs.get("storage_options") if remote else None)

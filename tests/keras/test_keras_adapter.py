@@ -94,6 +94,12 @@ def test_every_n_steps_spacing_is_exact(results: dict[str, Any]) -> None:
     assert finals == [(20, 2)]
 
 
+def test_the_hooks_own_time_is_measured_at_every_step(results: dict[str, Any]) -> None:
+    for run in ("first", "resume"):
+        hook_s = results[run]["run"]["hook_s"]
+        assert hook_s is not None and 0 < hook_s < 0.5, (run, hook_s)  # measured, and no whole step
+
+
 def test_checkpoints_are_written_by_the_persist_process(results: dict[str, Any]) -> None:
     run = results["resume"]["run"]  # waited for the process to be ready before training
     if sys.platform != "linux":

@@ -297,6 +297,19 @@ def test_gradient_accumulation_decides_on_global_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_the_hooks_own_time_is_in_the_measured_overhead_without_any_checkpoint(tmp_path: Path) -> None:
+    cb = AutoCheckpoint(tmp_path / "ck", every_n_steps=10**6, save_on_train_end=False, warmup_steps=2)
+    make_trainer(tmp_path, [cb], max_steps=40, enable_checkpointing=False).fit(TinyModel(), TinyData(samples=1024))
+    assert cb.events == []
+    session = cb.session
+    assert session is not None
+    hook_s = session.estimates().hook_s
+    assert hook_s is not None and hook_s > 0
+    overhead = session.measured_overhead()
+    assert overhead.value is not None and overhead.value > 0  # every step paid the hooks
+
+
+@pytest.mark.integration
 def test_budget_driven_checkpoints_are_spaced_as_the_policy_reported(tmp_path: Path) -> None:
     logger = ListLogger()
     # No fsync: a slow disk would stretch the persist bound and leave too few checkpoints.

@@ -89,3 +89,22 @@ def test_the_first_cost_is_bounded_from_above_until_the_slowdown_is_measured(loa
     assert est.checkpoint_cost_s == pytest.approx(cost, rel=1e-3)
     assert est.checkpoint_cost_s >= 0.1 + est.background_cost_s  # never below the mean estimate
     assert est.checkpoint_cost_s <= 0.1 + 2.0  # never above the serial bound
+
+
+@pytest.mark.parametrize(
+    "hook_s, left, steps",
+    [
+        (None, 0.02, 50),  # not measured: the whole budget; 0.01 s / (0.01 s × 2%) = 50 steps
+        (0.0001, 0.01, 100),  # hooks take 1% of each 10 ms step: 1% left, twice the interval
+        (0.0002, 0.002, 500),  # the hooks take the whole 2%: a tenth of it stays for checkpoints
+        (0.001, 0.002, 500),  # and no less when they take more
+    ],
+)
+def test_the_hooks_share_of_the_budget_lengthens_the_interval(hook_s, left, steps) -> None:
+    from autockpt_core.policy.decision import checkpoint_budget
+
+    est = Estimates(iter_time_s=0.01, stall_s=0.01, persist_s=0.0, loaded_iter_time_s=0.01, loaded_iterations=5,
+                    hook_s=hook_s)  # fmt: skip
+    assert checkpoint_budget(0.02, est) == pytest.approx(left)
+    choice = choose_interval(Config(dirpath="x", overhead_budget=0.02), est)
+    assert choice.steps == steps and choice.rule == "budget"

@@ -116,3 +116,25 @@ def test_the_summary_line_prints_the_measured_overhead_with_its_band() -> None:
         overhead_band=0.004,
     )  # fmt: skip
     assert "overhead 1.50% ±0.40% (budget 2.00%)," in summary.line()
+
+
+@pytest.mark.parametrize(
+    "steps, hooks, warmup, value",
+    [
+        # 10 clean steps of 0.1 s, 2 ms of hook in each: 2%, though no step was loaded
+        ([(0.1, False)] * 10, [0.002] * 10, 0, 0.02),
+        # hooks on top of the loaded steps' extra time
+        ([(0.1, False)] * 8 + [(0.15, True)] * 2, [0.001] * 10, 0, 0.11),
+        # the warm-up steps' hooks are not counted, like the steps
+        ([(0.1, False)] * 12, [1.0, 1.0] + [0.002] * 10, 2, 0.02),
+        # no hook time, no checkpoint: nothing to read yet
+        ([(0.1, False)] * 10, [0.0] * 10, 0, None),
+    ],
+)
+def test_the_hooks_own_time_is_counted_in_every_step(steps, hooks, warmup, value) -> None:
+    meter = OverheadMeter(warmup)
+    for (seconds, loaded), hook in zip(steps, hooks):
+        meter.step(seconds, loaded)
+        meter.hooks(hook)
+    reading = meter.reading()
+    assert reading.value == (pytest.approx(value) if value is not None else None)

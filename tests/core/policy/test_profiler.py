@@ -104,3 +104,12 @@ def test_a_reading_is_kept_until_the_next_measurement() -> None:
         assert reading is not readings[-1] and reading != readings[-1]
         readings.append(reading)
     assert readings[-1].loaded_iter_time_s == 0.9 and readings[-1].stall_s == 0.07
+
+
+def test_the_hook_time_is_a_median_without_the_warm_up() -> None:
+    p = Profiler(warmup_steps=2, window=10)
+    for hook in (0.5, 0.5, 0.001, 0.002, 0.09, 0.002):  # the first two in warm-up; one slow hook
+        p.record_iteration(0.1)
+        p.record_hook(hook)
+    assert p.estimates().hook_s == pytest.approx(0.002)
+    assert Profiler().estimates().hook_s is None
