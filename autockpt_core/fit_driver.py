@@ -208,10 +208,9 @@ class FitDriver:
         (training thread, this step) only where its answer matters: at every step of a job of
         several processes; in a job of one, when a checkpoint is due or a signal came.
         ``prepare(session)`` runs on process 0 before the decision (buffer allocation), its
-        error raised on every process. ``loss`` may
-        be a device tensor: it is read on the host (``float``, which may wait for a GPU) only
-        where the policy needs every step's loss (the front-loaded schedule fits the loss
-        curve), and the last one by :meth:`final`.
+        error raised on every process. ``loss`` may be a device tensor: it is read on the host
+        (``float``, which may wait for a GPU) only where the policy needs every step's loss (the
+        front-loaded schedule fits the loss curve), and the last one by :meth:`final`.
         """
         entry = self._clock()
         self.trained = True
