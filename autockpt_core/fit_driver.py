@@ -132,6 +132,7 @@ class FitDriver:
         self._late_signal: int | None = None
         self._deferral: _Deferral | None = None
         self._logged_interval: int | None = None
+        self._recording_s = 0.0  # the previous step's session.hook_time call
         self.events: list[CheckpointEvent] = []
         self.preempted: PreemptionRecord | None = None
         self.summary: RunSummary | None = None
@@ -202,7 +203,8 @@ class FitDriver:
         """Collective, after every optimizer step: process 0 decides, every process agrees, then
         the checkpoint (or its deferral) and a signal any process received. On process 0 the
         time this call took, its checkpoint and (several processes) the collective aside, goes
-        to the session as the step's hook time.
+        to the session as the step's hook time (the time of handing it over goes with the next
+        step's).
 
         ``loss`` and ``unclean`` are read on process 0 only. ``unclean`` may be a function, called
         (training thread, this step) only where its answer matters: at every step of a job of
@@ -259,7 +261,10 @@ class FitDriver:
             if decision.interval.steps != self._logged_interval:
                 self._send_metrics()
         if session is not None and decision is not None:
-            session.hook_time(self._clock() - entry - checkpoint_s - settle_s)
+            # the recording itself is part of the hooks' cost: it is counted with the next step
+            recording = self._clock()
+            session.hook_time(recording - entry - checkpoint_s - settle_s + self._recording_s)
+            self._recording_s = self._clock() - recording
         if signum is not None:
             self._act_on_signal(step, signum, saved=save)
 

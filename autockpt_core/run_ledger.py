@@ -3,9 +3,10 @@ numbers reported from it (the framework's logger, the events, the end-of-run sum
 
 ``CheckpointSession`` writes to it on the training thread (``started`` at ``start()``,
 ``step`` after every optimizer step, ``hooks`` for its hook's own time, ``stalled`` for every
-blocked interval, ``taken`` per checkpoint) and reads it in ``metrics()`` and ``summary()``. The overhead it reports is the
-measured one (:mod:`.policy.overhead_meter`): the wall time of the steps with checkpoint work
-against clean steps, with its noise; never the blocked time alone.
+blocked interval, ``taken`` per checkpoint) and reads it in ``metrics()`` and ``summary()``.
+The overhead it reports is the measured one (:mod:`.policy.overhead_meter`): the wall time
+of the steps with checkpoint work against clean steps, with its noise; never the blocked time
+alone.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ class Estimates:
     :data:`SPREAD_SAMPLES`): how much two identical steps differ on this machine, the noise
     against which a slowdown measured over a few steps is judged. ``hook_s``: the median time
     of autockpt's own work in a step's hook (every step pays it; None until measured).
-    ``loaded_iterations`` and
-    ``loaded_sd_s``: how many loaded iterations ``loaded_iter_time_s`` averages (in the window)
-    and their spread, from which :attr:`checkpoint_cost_s` bounds the slowdown from above.
+    ``loaded_iterations`` and ``loaded_sd_s``: how many loaded iterations
+    ``loaded_iter_time_s`` averages (in the window) and their spread, from which
+    :attr:`checkpoint_cost_s` bounds the slowdown from above.
     """
 
     iter_time_s: float | None = None
@@ -158,7 +158,7 @@ class Profiler:
         ``loaded`` marks iterations that overlapped a snapshot copy or a persist.
         """
         with self._lock:
-            self._estimates = None
+            self._changed()
             self._iterations += 1
             self._last_kind = None
             if self._iterations <= self._warmup or seconds < 0:
@@ -188,7 +188,7 @@ class Profiler:
         with self._lock:
             if self._iterations <= self._warmup:
                 return
-            self._estimates = None
+            self._changed()
             self._hook.append(max(0.0, seconds))
 
     def revise_last_iteration(self, seconds: float) -> None:
@@ -197,7 +197,7 @@ class Profiler:
         A no-op when that iteration was not kept (warm-up, negative).
         """
         with self._lock:
-            self._estimates = None
+            self._changed()
             if self._last_kind == "clean" and self._iter and self._recent:
                 self._iter.replace_last(max(0.0, seconds))
                 self._recent.replace_last(max(0.0, seconds))
@@ -209,7 +209,7 @@ class Profiler:
         with self._lock:
             if not self._stall or seconds <= self._stall.last:
                 return 0.0
-            self._estimates = None
+            self._changed()
             increase = seconds - self._stall.last
             self._stall.replace_last(seconds)
             return increase
@@ -217,7 +217,7 @@ class Profiler:
     def record_stall(self, seconds: float, nbytes: int) -> None:
         """Time the training thread was blocked by one checkpoint, and its size."""
         with self._lock:
-            self._estimates = None
+            self._changed()
             self._checkpoints += 1
             self._stall.append(max(0.0, seconds))
             self._bytes.append(int(nbytes))
@@ -225,8 +225,12 @@ class Profiler:
     def record_persist(self, seconds: float) -> None:
         """Wall time of one background persist (serialize, write, fsync, rename, manifest)."""
         with self._lock:
-            self._estimates = None
+            self._changed()
             self._persist.append(max(0.0, seconds))
+
+    def _changed(self) -> None:
+        """A measurement arrived: the kept reading is stale (call with the lock held)."""
+        self._estimates = None
 
     def estimates(self) -> Estimates:
         """Current medians; safe to call from any thread. The same object until the next record."""

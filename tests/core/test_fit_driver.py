@@ -506,9 +506,10 @@ def test_the_hook_time_of_each_step_reaches_the_session_without_its_checkpoint(t
     driver.begin(0)
     for step in (1, 2, 3):
         driver.step_end(step, loss=1.0)
-    # a step reads the clock at its entry, its lap and its exit: 2 ticks between entry and exit;
-    # the checkpoint's step reads it once more after the checkpoint, whose 100 s are its stall
-    assert session.hook_times == [2.0, 3.0, 2.0]
+    # a step reads the clock at its entry, its lap and before handing its time over: 2 ticks;
+    # the checkpoint's step reads it once more after the checkpoint, whose 100 s are its stall;
+    # handing it over took 1 tick, counted with the next step
+    assert session.hook_times == [2.0, 4.0, 3.0]
 
 
 def test_the_wait_for_a_slower_process_is_not_counted_as_hook_time(tmp_path: Path) -> None:
