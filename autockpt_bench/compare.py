@@ -28,6 +28,7 @@ from autockpt_core.cli.args import budget, duration
 
 from .bench import machine_info
 from .study import plots, report
+from .study.in_process_ab import ab_block
 from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json
 from .study.runner import compile_packages, run_case
 from .study.workloads import Workload, preset
@@ -53,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-window", default=None,
                         help="training time of each budget run, so it can hold the interval autockpt chooses "
                              "(default 60s; quick 6s; never fewer steps than the fixed-interval runs)")
+    parser.add_argument("--ab-cycles", type=int, default=None,
+                        help="after each budget run, an in-process A/B of its final interval in this many cycles of "
+                             "on and off blocks (default 4; quick 2; 0 = none)")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 2; quick 1)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every run (default 1; 0 = framework default)")
     parser.add_argument("--no-restore", action="store_true", help="skip the restore runs")
@@ -80,9 +84,12 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "keras_backend": args.keras_backend,
         "restore": not args.no_restore,
         "budget_window_s": duration("--budget-window", args.budget_window or ("6s" if quick else "60s")),
+        "ab_cycles": args.ab_cycles if args.ab_cycles is not None else (2 if quick else 4),
     }
     if s["every"] < 2 or s["checkpoints"] < 1 or s["warmup"] < 1 or s["repeats"] < 1:
         raise ValueError("--every must be >= 2; --checkpoints, --warmup and --repeats >= 1")
+    if s["ab_cycles"] < 0 or s["ab_cycles"] == 1:
+        raise ValueError(f"--ab-cycles: {s['ab_cycles']} gives no noise figure; use 0 (no A/B) or at least 2")
     # checkpoints at global steps k, 2k, ..., Ck, then k/2 more steps (never a multiple of k) that a restore trains again
     s["steps"] = max(s["warmup"] + 1, s["checkpoints"] * s["every"] + max(1, s["every"] // 2))
     return s
@@ -93,10 +100,18 @@ def plan_methods(framework: str, settings: dict[str, Any], only: set[str]) -> li
     for name in FRAMEWORK_METHODS[framework]:
         methods.append({"name": name} if name == "none" else {"name": name, "every": settings["every"]})
         if name == "autockpt":
-            methods += [{"name": "autockpt-budget", "budget": b} for b in settings["budgets"]]
+            for b in settings["budgets"]:
+                methods.append({"name": "autockpt-budget", "budget": b})
+                if settings.get("ab_cycles"):  # its interval, measured in one process; run right after it
+                    methods.append({"name": "autockpt-ab", "budget": b})
     if settings["budgets"]:  # the budget runs' own baseline: as long as they are (epoch ends, drift)
         methods.insert(1, {"name": "none", "long": True})
-    keep = [m for m in methods if not only or report.method_key(m) in only or m["name"] in only or m["name"] == "none"]
+    def wanted(m: dict[str, Any]) -> bool:
+        if m["name"] == "autockpt-ab":
+            return wanted({"name": "autockpt-budget", "budget": m["budget"]})
+        return not only or report.method_key(m) in only or m["name"] in only or m["name"] == "none"
+
+    keep = [m for m in methods if wanted(m)]
     return keep if any(m["name"] == "autockpt-budget" for m in keep) else [m for m in keep if not m.get("long")]
 
 
@@ -135,6 +150,8 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
             steps = settings["steps"]
             if (method["name"] == "autockpt-budget" or method.get("long")) and (framework, name) in step_s:
                 steps = max(steps, settings["warmup"] + round(settings["budget_window_s"] / step_s[(framework, name)]))
+            if method["name"] == "autockpt-ab":
+                method, steps = _ab_method(method, runs, rep, framework, name, settings)
             run_ = _measure(framework, workloads[name], method, rep, steps, settings, scratch, args.timeout, workers)
             if method == {"name": "none"} and run_["train"].get("step_s") and (framework, name) not in step_s:
                 step_s[(framework, name)] = run_["train"]["step_s"]
@@ -189,9 +206,32 @@ def _write(results: dict[str, Any], out: str, console: Console) -> None:
 def _ordered(methods: list[dict[str, Any]], rep: int) -> list[dict[str, Any]]:
     """Alternate the order between repetitions (slow drift of the machine hits every method alike).
 
-    The run without checkpointing stays first: its step time sizes the budget runs (and their baseline).
+    The run without checkpointing stays first: its step time sizes the budget runs (and their
+    baseline); an A/B stays right after the budget run whose interval it measures.
     """
-    return methods if rep % 2 == 0 else methods[:1] + list(reversed(methods[1:]))
+    if rep % 2 == 0:
+        return methods
+    units: list[list[dict[str, Any]]] = []
+    for m in methods[1:]:
+        if m["name"] == "autockpt-ab" and units:
+            units[-1].append(m)
+        else:
+            units.append([m])
+    return methods[:1] + [m for unit in reversed(units) for m in unit]
+
+
+def _ab_method(method: dict[str, Any], runs: list[dict[str, Any]], rep: int, framework: str, workload: str,
+               settings: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The A/B after a budget run: that run's final interval, blocks of :func:`ab_block` steps,
+    ``ab_cycles`` on/off pairs after the warm-up (``every`` 0: the budget run chose none)."""
+    budget_run = next((r["train"] for r in reversed(runs) if (r["rep"], r["framework"], r["workload"]) ==
+                       (rep, framework, workload) and r["method"] == {"name": "autockpt-budget", "budget": method["budget"]}),
+                      {})
+    every = int(budget_run.get("final_interval_steps") or 0)
+    if every < 1:
+        return {**method, "every": 0, "block": 0}, settings["steps"]
+    block = ab_block(every)
+    return {**method, "every": every, "block": block}, settings["warmup"] + 2 * settings["ab_cycles"] * block
 
 
 def _measure(framework: str, workload: Workload, method: dict[str, Any], rep: int, steps: int, settings: dict[str, Any],
@@ -204,12 +244,16 @@ def _measure(framework: str, workload: Workload, method: dict[str, Any], rep: in
     common = {"dir": ckpt_dir, "steps": steps, "warmup": settings["warmup"],
               "reference": os.path.join(workdir, "reference.npz")}
     kw = {"timeout": timeout, "threads": settings["threads"], "keras_backend": settings["keras_backend"], "workers": workers}
-    train = run_case(framework, "train", workload, method, workdir, "train", **kw, **common)
+    if method["name"] == "autockpt-ab" and not method["every"]:
+        train: dict[str, Any] = {"framework": framework, "workload": workload.name, "method": "autockpt-ab",
+                                 "skipped": "its budget run chose no interval (failed or too short)"}
+    else:
+        train = run_case(framework, "train", workload, method, workdir, "train", **kw, **common)
     restore = None
     # --quick restores only autockpt and the framework's synchronous ModelCheckpoint (the comparison that
     # matters most), to stay within a few minutes; the full study restores every method
     restores = not settings["quick"] or method["name"] in ("autockpt", NATIVE_SYNC[framework])
-    if settings["restore"] and restores and method["name"] != "none" and "error" not in train and "skipped" not in train \
+    if settings["restore"] and restores and method["name"] not in ("none", "autockpt-ab") and "error" not in train and "skipped" not in train \
             and train.get("checkpoint_steps"):
         restore = run_case(framework, "restore", workload, method, workdir, "restore", **kw, **common)
     for name in os.listdir(workdir) if os.path.isdir(workdir) else []:  # checkpoints are big; logs stay
@@ -262,7 +306,7 @@ def _versions() -> dict[str, str]:
 def _argv(args: argparse.Namespace) -> list[str]:
     out = ["--quick"] if args.quick else []
     for name in ("frameworks", "workloads", "methods", "every", "checkpoints", "warmup", "budgets", "budget_window",
-                 "repeats", "threads"):
+                 "ab_cycles", "repeats", "threads"):
         value = getattr(args, name)
         if value not in (None, ""):
             out += [f"--{name.replace('_', '-')}", str(value)]

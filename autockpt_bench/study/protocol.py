@@ -32,7 +32,11 @@ threads; 0 = framework default), ``keras_backend`` (Keras worker), ``out`` (resu
     checkpoint_bytes (bytes on disk of the newest checkpoint: its file or directory, manifest
     excluded), format (e.g. ".ckpt", ".weights.h5", "orbax dir"), peak_rss_bytes (VmHWM),
     threads, hook_s_median (median seconds in the method's hooks over steps without a
-    checkpoint: the hooks' cost in every step; ``null`` for no checkpointing)``.
+    checkpoint: the hooks' cost in every step; ``null`` for no checkpointing)``. autockpt's
+    runs add ``reported_overhead``, ``reported_band`` and ``final_interval_steps`` (the
+    interval in force at the end); ``autockpt-ab`` adds ``ab_block`` and the figures of
+    :func:`~.in_process_ab.ab_figures` (``ab_overhead``, ``ab_noise``, ``ab_cycles``,
+    ``ab_meter_view``, ``ab_reference_spread``, ``ab_spill_steps``, ``ab_blocks``, ``ab_excluded``).
 
 ``restore``
     A new process resumes from the newest checkpoint the ``train`` run left in ``dir`` the way
@@ -70,7 +74,9 @@ from typing import Any
 from .workloads import Workload
 
 #: A method: ``{"name": ..., plus its parameters}``. Names (compare):
-#:   both: ``none``; ``autockpt`` (``every``: every_n_steps); ``autockpt-budget`` (``budget``)
+#:   both: ``none``; ``autockpt`` (``every``: every_n_steps); ``autockpt-budget`` (``budget``);
+#:         ``autockpt-ab`` (``every``, ``block``, ``budget``: train only, the in-process A/B of
+#:         :mod:`.in_process_ab` at the interval the ``budget`` run chose)
 #:   Lightning: ``modelcheckpoint`` (``every``), ``async`` (ModelCheckpoint + AsyncCheckpointIO, ``every``)
 #:   Keras: ``modelcheckpoint-h5`` (``.weights.h5``), ``modelcheckpoint-keras`` (``.keras``),
 #:          ``backup-restore``, ``orbax`` (OrbaxCheckpoint, save_on_background), ``tf-manager``

@@ -33,8 +33,8 @@ def method_key(method: dict[str, Any]) -> str:
     """A unique, readable name of a method and its parameters."""
     if method.get("long"):
         return "none-long"
-    if method["name"] == "autockpt-budget":
-        return f"autockpt-budget-{method['budget'] * 100:g}%"
+    if method["name"] in ("autockpt-budget", "autockpt-ab"):
+        return f"{method['name']}-{method['budget'] * 100:g}%"
     return str(method["name"])
 
 
@@ -46,6 +46,8 @@ def method_label(method: dict[str, Any]) -> str:
         return f"autockpt, every {method['every']} steps"
     if name == "autockpt-budget":
         return f"autockpt, {method['budget'] * 100:g}% budget"
+    if name == "autockpt-ab":
+        return f"autockpt, the {method['budget'] * 100:g}% budget's interval, in-process A/B"
     return LABELS.get(name, name)
 
 
@@ -81,7 +83,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and (framework, workload, "none-long") in groups else "none"
         base = {r["rep"]: r["train"] for (f, w, k), g in groups.items() if (f, w, k) == (framework, workload, base_key)
                 for r in g if _ok(r["train"])}
-        rows.append(_row(framework, workload, key, group, base))
+        rows.append(_row(framework, workload, key, group, {} if key.startswith("autockpt-ab") else base))
     for row in rows:  # blocked time relative to the framework's synchronous ModelCheckpoint
         ref = next((r for r in rows if (r["framework"], r["workload"], r["method"])
                     == (row["framework"], row["workload"], NATIVE_SYNC.get(row["framework"]))), None)
@@ -133,6 +135,8 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
     row["checkpoint_bytes"] = _median(r["train"].get("checkpoint_bytes") for r in trains)
     row["reported_overhead"] = _median(r["train"].get("reported_overhead") for r in trains)
     row["reported_band"] = _median(r["train"].get("reported_band") for r in trains)
+    if key.startswith("autockpt-ab"):
+        row.update(_ab_row(trains))
     extra = [r["train"]["peak_rss_bytes"] - base[r["rep"]]["peak_rss_bytes"] for r in trains
              if r["rep"] in base and r["train"].get("peak_rss_bytes") and base[r["rep"]].get("peak_rss_bytes")]
     row["extra_rss_bytes"] = _median(extra)
@@ -152,6 +156,34 @@ def _row(framework: str, workload: str, key: str, group: list[dict[str, Any]], b
         row["resumed_step"] = restores[0].get("resumed_step")
         row["final_step"] = restores[0].get("final_step")
     return row
+
+
+def _ab_row(trains: list[dict[str, Any]]) -> dict[str, Any]:
+    """An A/B row's figures: the cycles of every repetition pooled (mean, and its standard
+    error), the in-run meter's view of the same blocks, and the hooks' share of a step, which
+    both arms pay and the A/B therefore leaves out (``ab_total`` adds it back)."""
+    cycles = [c for r in trains for c in r["train"].get("ab_cycles") or []]
+    out: dict[str, Any] = {"every": _median(r["method"].get("every") for r in trains), "ab_cycle_count": len(cycles)}
+    out["ab_overhead"] = statistics.fmean(cycles) if cycles else None
+    out["ab_noise"] = statistics.stdev(cycles) / len(cycles) ** 0.5 if len(cycles) > 1 else None
+    out["ab_meter_view"] = _median(r["train"].get("ab_meter_view") for r in trains)
+    out["ab_reference_spread"] = _median(r["train"].get("ab_reference_spread") for r in trains)
+    shares = [r["train"]["hook_s_median"] / r["train"]["step_s_median"] for r in trains
+              if r["train"].get("hook_s_median") is not None and r["train"].get("step_s_median")]
+    out["ab_hook_share"] = _median(shares)
+    if out["ab_overhead"] is not None:
+        out["ab_total"] = out["ab_overhead"] + (out["ab_hook_share"] or 0.0)
+    return out
+
+
+def ab_verdict(total: float, noise: float | None, budget: float) -> str:
+    """"met" when the A/B's ~95% band lies at or under the budget, "missed" when it lies over
+    it, "below noise" when it holds the budget (or no noise figure exists)."""
+    if noise is None:
+        return "below noise"
+    if total + 2 * noise <= budget:
+        return "met"
+    return "missed" if total - 2 * noise > budget else "below noise"
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -197,6 +229,17 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "target": f"slowdown ≤ {row['budget'] * 100:g}% budget",
                         "measured": f"{row['slowdown'] * 100:+.1f}% ({how})",
                         "met": verdict == "met", "verdict": verdict})
+        if row["method"].startswith("autockpt-ab") and row.get("ab_total") is not None:
+            band = f" ±{2 * row['ab_noise'] * 100:.1f}" if row.get("ab_noise") is not None else ""
+            how = f"every {row['every']:.0f} steps, {row['ab_cycle_count']} cycles: checkpoints {row['ab_overhead'] * 100:+.1f}%"
+            how += f" + hooks {(row.get('ab_hook_share') or 0) * 100:.1f}%"
+            if row.get("ab_meter_view") is not None:
+                how += f"; autockpt's meter saw {row['ab_meter_view'] * 100:+.1f}% in the same blocks"
+            verdict = ab_verdict(row["ab_total"], row.get("ab_noise"), row["budget"])
+            out.append({"framework": row["framework"], "workload": row["workload"],
+                        "target": f"in-process cost ≤ {row['budget'] * 100:g}% budget",
+                        "measured": f"{row['ab_total'] * 100:+.1f}%{band} ({how})",
+                        "met": verdict == "met", "verdict": verdict})
     return out
 
 
@@ -234,6 +277,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
         slow = _fmt(r.get("slowdown") * 100 if r.get("slowdown") is not None else None, "+.1f") + "%"
         if spread:
             slow += f" ({spread[0] * 100:+.0f}…{spread[1] * 100:+.0f})"
+        if r.get("ab_total") is not None:
+            slow = f"A/B {r['ab_total'] * 100:+.1f}%" + (f" ±{2 * r['ab_noise'] * 100:.1f}" if r.get("ab_noise") else "")
         exact = "-" if "exact" not in r else "yes" if r["exact"] else f"no (max |Δw| {r['max_abs_diff']:.2g})"
         interval = "-" if r["kind"] == "none" else (
             f"{r['interval_steps']:.0f} steps" if r.get("interval_steps") else
@@ -300,7 +345,11 @@ def markdown(results: dict[str, Any]) -> str:
         "RSS above the run without checkpointing; *exact resume* the resumed run's weights at the end vs the "
         "uninterrupted run's. *result* of a budget target: met or missed, or *below noise* where the "
         "baselines' own spread over the repetitions ((max − min) / median of their step times) is at least "
-        "the budget, so this machine cannot tell a slowdown that small from noise.",
+        "the budget, so this machine cannot tell a slowdown that small from noise. *in-process A/B* rows: the "
+        "budget run's final interval in one process, checkpoints taken in alternating blocks and held back in "
+        "the others (autockpt_bench/study/in_process_ab.py); their *slowdown* column is the cost of those "
+        "checkpoints plus the hooks' share of a step, ± about 95%; their target is met when that band lies at "
+        "or under the budget, missed when it lies over it, below noise when it holds the budget.",
         "",
     ]
     for plot in results.get("plots", []):

@@ -72,7 +72,7 @@ def make_autockpt(method: dict[str, Any], directory: Path, *, resume: bool, save
     kwargs: dict[str, Any] = {"keep_last": 2, "resume": resume, "verbose": False, "save_on_train_end": False, "signals": ()}
     if not saves:
         kwargs["every_n_steps"] = NEVER
-    elif method["name"] == "autockpt":
+    elif method["name"] in ("autockpt", "autockpt-ab"):
         kwargs["every_n_steps"] = int(method["every"])
     else:
         kwargs["overhead_budget"] = method["budget"]

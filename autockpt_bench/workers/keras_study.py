@@ -7,7 +7,9 @@ TensorFlow runs with ``enable_op_determinism``). The models are :mod:`.keras_mod
 is ``make_data(workload, steps_per_epoch)`` fed as numpy arrays with ``shuffle=False``.
 
 Methods (``train`` and ``restore``): ``none``; ``autockpt`` / ``autockpt-budget``
-(:class:`~autockpt_keras.AutoCheckpoint`, keep 2, resumed by its auto-resume);
+(:class:`~autockpt_keras.AutoCheckpoint`, keep 2, resumed by its auto-resume); ``autockpt-ab``
+(train only: ``every_n_steps=every`` in the alternating blocks of
+:mod:`autockpt_bench.study.in_process_ab`);
 ``modelcheckpoint-h5`` / ``modelcheckpoint-keras`` (``ModelCheckpoint`` to
 ``ckpt-e{epoch}-b{batch}.weights.h5`` / ``.keras``; resumed with build + compile + optimizer
 build + ``load_weights`` / with ``load_model``, then ``fit(initial_epoch=step // steps_per_epoch)``:
@@ -65,6 +67,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..study.in_process_ab import Alternation
 from ..study.protocol import KERAS_METHODS, EventLog, write_json
 from ..study.workloads import Workload, make_data
 from .hooks import wrap_call
@@ -81,6 +84,7 @@ from .keras_methods import (
 )
 from .study_common import (
     Timeline,
+    ab_result,
     finish_restore,
     finish_train,
     path_bytes,
@@ -95,6 +99,7 @@ FORMATS = {
     "none": None,
     "autockpt": ".safetensors",
     "autockpt-budget": ".safetensors",
+    "autockpt-ab": ".safetensors",
     "modelcheckpoint-h5": ".weights.h5",
     "modelcheckpoint-keras": ".keras",
     "backup-restore": "BackupAndRestore (.weights.h5)",
@@ -177,7 +182,8 @@ def run_train(job: Job) -> None:
     def sync_save(seconds: float, args: tuple[Any, ...], out: Any) -> None:
         timeline.checkpoint(current(), seconds)
 
-    if name in ("autockpt", "autockpt-budget"):
+    alternation = Alternation(int(method["block"]), int(job.spec.get("warmup") or 0)) if name == "autockpt-ab" else None
+    if name in ("autockpt", "autockpt-budget", "autockpt-ab"):
         auto = make_autockpt(method, d, resume=False)
         # the adapter's take(due), which the driver calls for every checkpoint
         wrap_call(auto, "_take", after=lambda s, args, out: timeline.checkpoint(args[0].step),
@@ -195,6 +201,8 @@ def run_train(job: Job) -> None:
                     heard(record, seconds)
 
             writer._on_persisted = persisted
+            if alternation is not None:
+                alternation.attach(auto.session)
 
         wait = lambda: auto.session.flush()
 
@@ -254,6 +262,8 @@ def run_train(job: Job) -> None:
 
     def on_step(step: int, position: int) -> None:
         timeline.step_done(step)
+        if alternation is not None:
+            alternation.step_done(step)
         if step < job.steps:
             return
         wait()  # the method's in-flight asynchronous write
@@ -274,6 +284,8 @@ def run_train(job: Job) -> None:
         }  # fmt: skip
         if auto is not None:
             result.update(reported_overhead(auto.session))
+        if alternation is not None:
+            result.update(ab_result(timeline, alternation, warmup))
         finish_train(job.spec, result, weights_of(model))  # ends the process
 
     job.fit(model, callbacks + [make_probe(model, job.spe, on_step, begin)])

@@ -6,7 +6,8 @@ on the CPU: the workload's model from :mod:`.lightning_models` with Adam, a torc
 ``StatefulDataLoader`` over ``make_data`` (no shuffle), ``Trainer(max_steps=steps)``.
 
 Methods: ``none``; ``autockpt`` (``AutoCheckpoint(every_n_steps=every)``); ``autockpt-budget``
-(``overhead_budget``); ``modelcheckpoint`` (``ModelCheckpoint(every_n_train_steps=every)``);
+(``overhead_budget``); ``autockpt-ab`` (``every_n_steps=every`` in the alternating blocks of
+:mod:`autockpt_bench.study.in_process_ab`); ``modelcheckpoint`` (``ModelCheckpoint(every_n_train_steps=every)``);
 ``async`` (the same + ``AsyncCheckpointIO``); goodput adds ``every-epoch`` (ModelCheckpoint's
 default per-epoch save + ``save_last``, resumed with ``ckpt_path="last"``), ``native-every-n``
 and ``autockpt-mtbf``.
@@ -48,10 +49,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..study import protocol
+from ..study.in_process_ab import Alternation
 from ..study.workloads import Workload
 from .hooks import wrap_call
 from .study_common import (
     Timeline,
+    ab_result,
     finish_restore,
     finish_train,
     path_bytes,
@@ -80,6 +83,7 @@ class Probe:
         self.on_start: Callable[[int], None] | None = None  # goodput: logs "resumed"
         self.on_step: Callable[[int], None] | None = None  # goodput: logs "step" and checkpoints
         self.at_last_step: Callable[[], None] | None = None  # train: finishes the process
+        self.alternation: Alternation | None = None  # train, autockpt-ab: the in-process A/B
 
     def step(self) -> int:
         return self.trainer.global_step if self.trainer is not None else 0
@@ -119,6 +123,8 @@ class Probe:
         if self.first_step_t is None:
             self.first_step_t = time.time()
         self.timeline.step_done(step)
+        if self.alternation is not None:
+            self.alternation.step_done(step)
         if self.on_step is not None:
             self.on_step(step)
         if step >= self.steps and self.at_last_step is not None:
@@ -134,6 +140,8 @@ class Probe:
             session = callback.session
             wrap_call(session, "save", before=lambda step, *a, **k: self.saving(step))
             wrap_call(session.profiler, "record_persist", after=self.written)  # the writer thread, after the commit
+            if self.alternation is not None:
+                self.alternation.attach(session)
 
         wrap_call(callback, "on_fit_start", after=lambda seconds, args, out: on_fit_start(*args))
 
@@ -172,7 +180,7 @@ def _autockpt(spec: dict[str, Any], method: dict[str, Any], resume: bool, every:
     keywords: dict[str, Any] = {}
     if every is not None:
         keywords["every_n_steps"] = every
-    elif method["name"] == "autockpt":
+    elif method["name"] in ("autockpt", "autockpt-ab"):
         keywords["every_n_steps"] = int(method["every"])
     else:
         keywords["overhead_budget"] = method["budget"]
@@ -207,8 +215,10 @@ def train(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> N
     callbacks: list[Any] = []
     plugins: list[Any] = []
     callback: Any = None
-    if name in ("autockpt", "autockpt-budget"):
+    if name in ("autockpt", "autockpt-budget", "autockpt-ab"):
         callback = _autockpt(spec, method, resume=False)
+        if name == "autockpt-ab":
+            probe.alternation = Alternation(int(method["block"]), int(spec["warmup"]))
         probe.watch_autockpt(callback)
     elif name in ("modelcheckpoint", "async"):
         callback = ModelCheckpoint(dirpath=spec["dir"], every_n_train_steps=int(method["every"]), save_top_k=-1,
@@ -246,6 +256,8 @@ def train(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> N
             "format": ".ckpt", "threads": int(spec.get("threads", 0)),
             **(reported_overhead(callback.session) if name.startswith("autockpt") else {}),
         }
+        if probe.alternation is not None:
+            result.update(ab_result(probe.timeline, probe.alternation, int(spec["warmup"])))
         finish_train(spec, result, models.trainable_weights(model))
 
     probe.at_last_step = finish

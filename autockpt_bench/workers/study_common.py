@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..study.in_process_ab import Alternation, ab_figures
 from ..study.protocol import EventLog, read_spec, write_json
 from ..study.workloads import Workload
 from .hooks import wrap_call
@@ -151,9 +152,23 @@ def max_abs_diff(arrays: Sequence[np.ndarray], path: str | os.PathLike[str]) -> 
 
 def reported_overhead(session: Any) -> dict[str, Any]:
     """What autockpt reports as its overhead so far (``reported_overhead`` and its ~95%
-    ``reported_band``, fractions), to set beside the slowdown measured against a baseline."""
+    ``reported_band``, fractions), to set beside the slowdown measured against a baseline, and
+    the interval in force at the end (``final_interval_steps``; None before any was chosen)."""
     reading = session.measured_overhead()
-    return {"reported_overhead": reading.value, "reported_band": reading.band}
+    decision = session.last_decision
+    interval = decision.interval if decision is not None else None
+    return {"reported_overhead": reading.value, "reported_band": reading.band,
+            "final_interval_steps": interval.steps if interval is not None else None}
+
+
+def ab_result(timeline: Timeline, alternation: Alternation, warmup: int) -> dict[str, Any]:
+    """The in-process A/B's figures (:func:`~autockpt_bench.study.in_process_ab.ab_figures`)
+    of a run whose steps ``timeline`` recorded; the spill guard is half a block."""
+    ends = timeline.step_end
+    durations = {s: ends[s] - ends[s - 1] for s in ends if s > warmup and s - 1 in ends}
+    on = {s: alternation.is_on(s) for s in durations}
+    figures = ab_figures(durations, on, alternation.busy_after, alternation.loaded, guard=alternation.block // 2)
+    return {"ab_block": alternation.block, **figures}
 
 
 def finish_train(spec: dict[str, Any], result: dict[str, Any], weights: Sequence[np.ndarray]) -> None:

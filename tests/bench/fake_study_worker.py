@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from autockpt_bench.study.in_process_ab import Alternation, ab_figures
 from autockpt_bench.study.protocol import EventLog, read_spec, write_json
 
 STEP_S = 0.004
@@ -58,20 +59,29 @@ def main() -> int:
     base = {"framework": "fake", "workload": workload.name, "method": method["name"]}
     if args.case == "train":
         times, ckpts, blocked = [], [], []
+        ab = Alternation(int(method["block"]), spec["warmup"]) if method["name"] == "autockpt-ab" else None
         for step in range(1, spec["steps"] + 1):
             t = time.perf_counter()
             time.sleep(STEP_S)
-            if method["name"] != "none" and step % every == 0:
+            if method["name"] != "none" and step % every == 0 and (ab is None or ab.is_on(step)):
                 ckpts.append(step)
                 blocked.append(_save(spec["dir"], step, method))
             times.append(time.perf_counter() - t)
         window = times[spec["warmup"]:]
         np.savez(spec["reference"], w0000=np.ones(3))
-        write_json(spec["out"], {**base, "params": workload.params, "state_bytes": workload.state_bytes,
-                                 "steps": spec["steps"], "warmup": spec["warmup"], "step_s": sum(window) / len(window),
-                                 "step_s_median": float(np.median(window)), "checkpoint_steps": ckpts, "blocked_s": blocked,
-                                 "save_s": blocked, "checkpoint_bytes": 1000 if ckpts else None, "format": ".bin",
-                                 "peak_rss_bytes": 10_000_000 + 1000 * len(ckpts), "threads": spec["threads"]})
+        result = {**base, "params": workload.params, "state_bytes": workload.state_bytes,
+                  "steps": spec["steps"], "warmup": spec["warmup"], "step_s": sum(window) / len(window),
+                  "step_s_median": float(np.median(window)), "checkpoint_steps": ckpts, "blocked_s": blocked,
+                  "save_s": blocked, "checkpoint_bytes": 1000 if ckpts else None, "format": ".bin",
+                  "peak_rss_bytes": 10_000_000 + 1000 * len(ckpts), "threads": spec["threads"]}
+        if method["name"] == "autockpt-budget":
+            result["final_interval_steps"] = every
+        if ab is not None:
+            durations = {s: times[s - 1] for s in range(spec["warmup"] + 1, spec["steps"] + 1)}
+            loaded = {s: s in ckpts for s in durations}
+            result.update(ab_block=ab.block, **ab_figures(durations, {s: ab.is_on(s) for s in durations}, {}, loaded,
+                                                          guard=0))
+        write_json(spec["out"], result)
         os._exit(0)
     if args.case == "restore":
         resumed = _newest(spec["dir"])

@@ -55,8 +55,20 @@ def test_settings_and_methods() -> None:
     full = cli_compare.settings_from_args(_args())
     assert full["budgets"] == [0.01, 0.02, 0.05]
     keys = [report.method_key(m) for m in cli_compare.plan_methods("keras", full, set())]
-    assert keys == ["none", "none-long", "autockpt", "autockpt-budget-1%", "autockpt-budget-2%", "autockpt-budget-5%",
-                    "modelcheckpoint-h5", "modelcheckpoint-keras", "backup-restore", "orbax", "tf-manager"]
+    assert keys == ["none", "none-long", "autockpt", "autockpt-budget-1%", "autockpt-ab-1%", "autockpt-budget-2%",
+                    "autockpt-ab-2%", "autockpt-budget-5%", "autockpt-ab-5%", "modelcheckpoint-h5", "modelcheckpoint-keras",
+                    "backup-restore", "orbax", "tf-manager"]
+    # odd repetitions run the methods in reverse, each A/B still right after its budget run
+    reverse = [report.method_key(m) for m in cli_compare._ordered(cli_compare.plan_methods("keras", full, set()), 1)]
+    assert reverse[:5] == ["none", "tf-manager", "orbax", "backup-restore", "modelcheckpoint-keras"]
+    assert reverse[6:12] == ["autockpt-budget-5%", "autockpt-ab-5%", "autockpt-budget-2%", "autockpt-ab-2%",
+                             "autockpt-budget-1%", "autockpt-ab-1%"]
+    assert [report.method_key(m) for m in cli_compare.plan_methods("keras", full, {"autockpt-budget-2%"})] == \
+        ["none", "none-long", "autockpt-budget-2%", "autockpt-ab-2%"]
+    no_ab = cli_compare.settings_from_args(_args("--ab-cycles", "0"))
+    assert "autockpt-ab" not in [m["name"] for m in cli_compare.plan_methods("keras", no_ab, set())]
+    with pytest.raises(ValueError, match="--ab-cycles"):
+        cli_compare.settings_from_args(_args("--ab-cycles", "1"))
     assert [m["name"] for m in cli_compare.plan_methods("lightning", full, {"async"})] == ["none", "async"]
     with pytest.raises(ValueError, match="--budgets"):
         cli_compare.settings_from_args(_args("--budgets", "150%"))
@@ -149,6 +161,30 @@ def test_a_cost_in_every_step_shows_in_the_median_step_and_the_hook_time() -> No
     assert "median step +3.0%, hooks 0.30 ms per step" in measured[0] and "median step +0.0%" in measured[1]
 
 
+@pytest.mark.parametrize(
+    ("cycles", "hook_s", "verdict"),
+    [
+        ([0.010, 0.012, 0.011, 0.009], 0.00005, "met"),  # 1.05% + 0.5% hooks, ±0.13
+        ([0.030, 0.032, 0.031, 0.029], 0.00005, "missed"),  # 3.05% + 0.5%
+        ([0.000, 0.040, 0.010, 0.030], 0.00005, "below noise"),  # 2.0% + 0.5%, ±1.8
+    ],
+)
+def test_an_ab_row_pools_its_cycles_adds_the_hooks_and_says_met_missed_or_below_noise(cycles, hook_s, verdict) -> None:
+    runs = [{"framework": "keras", "workload": "small", "method": {"name": "autockpt-ab", "budget": 0.02, "every": 7,
+                                                                     "block": 21}, "rep": rep,
+             "train": {**_train(0.01, [0.001]), "hook_s_median": hook_s, "ab_cycles": cycles[2 * rep:2 * rep + 2],
+                       "ab_meter_view": 0.004}, "restore": None} for rep in (0, 1)]
+    (row,) = report.summarize(runs)
+    assert row["method"] == "autockpt-ab-2%" and row["every"] == 7 and row["ab_cycle_count"] == 4
+    assert row["ab_overhead"] == pytest.approx(sum(cycles) / 4)
+    assert row["ab_total"] == pytest.approx(sum(cycles) / 4 + hook_s / 0.01)
+    assert row.get("slowdown") is None  # half its steps take no checkpoint: no baseline comparison
+    (target,) = report.targets([row])
+    assert report.verdict(target) == verdict
+    assert "autockpt's meter saw +0.4% in the same blocks" in target["measured"]
+    assert report.table_rows([row])[0][4].startswith("A/B ")
+
+
 def test_a_failed_or_skipped_method_is_a_row_that_says_so() -> None:
     runs = [{"framework": "keras", "workload": "small", "method": {"name": "none"}, "rep": 0, "train": _train(0.1, []), "restore": None},
             {"framework": "keras", "workload": "small", "method": {"name": "orbax", "every": 5}, "rep": 0,
@@ -177,6 +213,23 @@ def test_compare_command_on_stand_in_workers(tmp_path: Path, monkeypatch: pytest
     rows = {(r["framework"], r["method"]): r for r in results["rows"]}
     assert rows[("lightning", "autockpt")]["exact"] is True and rows[("keras", "modelcheckpoint-h5")]["exact"] is False
     assert rows[("lightning", "autockpt")]["blocked_vs_native_sync"] < 0.2
+
+
+def test_compare_runs_each_budgets_ab_at_the_interval_that_budget_run_chose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / "cmp"
+    args = _args("--quick", "--frameworks", "keras", "--workloads", "small", "--methods", "autockpt-budget-2%",
+                 "--no-plots", "--out", str(out))
+    assert cli_compare.run(args, workers=FAKE) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [report.method_key(r["method"]) for r in results["runs"]] == ["none", "none-long", "autockpt-budget-2%",
+                                                                          "autockpt-ab-2%"]
+    ab = results["runs"][-1]
+    assert ab["method"]["every"] == 7 and ab["method"]["block"] == 14  # the stand-in's budget interval, 2 per block
+    assert ab["train"]["steps"] == 3 + 2 * 2 * 14 and ab["restore"] is None
+    assert ab["train"]["checkpoint_steps"] == [7, 14, 35, 42]  # blocks 4-17 and 32-45 on
+    (target,) = [t for t in results["targets"] if t["target"].startswith("in-process")]
+    assert "every 7 steps, 2 cycles" in target["measured"]
 
 
 def test_merge_combines_runs_taken_separately(tmp_path: Path) -> None:
