@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable
 
+from autockpt_core.policy.stats import t_quantile
 from autockpt_core.units import format_size
 
 from .protocol import NATIVE_SYNC
@@ -173,17 +174,24 @@ def _ab_row(trains: list[dict[str, Any]]) -> dict[str, Any]:
     out["ab_hook_share"] = _median(shares)
     if out["ab_overhead"] is not None:
         out["ab_total"] = out["ab_overhead"] + (out["ab_hook_share"] or 0.0)
+    out["ab_band"] = ab_band(out["ab_noise"], len(cycles))
     return out
 
 
-def ab_verdict(total: float, noise: float | None, budget: float) -> str:
-    """"met" when the A/B's ~95% band lies at or under the budget, "missed" when it lies over
-    it, "below noise" when it holds the budget (or no noise figure exists)."""
-    if noise is None:
+def ab_band(noise: float | None, cycles: int) -> float | None:
+    """Half-width of the A/B's 95% band: Student-t over ``cycles − 1`` degrees of freedom times
+    the standard error (a few cycles' spread is itself uncertain; 2σ would be too narrow)."""
+    return None if noise is None or cycles < 2 else t_quantile(cycles - 1) * noise
+
+
+def ab_verdict(total: float, band: float | None, budget: float) -> str:
+    """"met" when the A/B's 95% band lies at or under the budget, "missed" when it lies over
+    it, "below noise" when it holds the budget (or no band exists)."""
+    if band is None:
         return "below noise"
-    if total + 2 * noise <= budget:
+    if total + band <= budget:
         return "met"
-    return "missed" if total - 2 * noise > budget else "below noise"
+    return "missed" if total - band > budget else "below noise"
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -230,12 +238,12 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "measured": f"{row['slowdown'] * 100:+.1f}% ({how})",
                         "met": verdict == "met", "verdict": verdict})
         if row["method"].startswith("autockpt-ab") and row.get("ab_total") is not None:
-            band = f" ±{2 * row['ab_noise'] * 100:.1f}" if row.get("ab_noise") is not None else ""
+            band = f" ±{row['ab_band'] * 100:.1f}" if row.get("ab_band") is not None else ""
             how = f"every {row['every']:.0f} steps, {row['ab_cycle_count']} cycles: checkpoints {row['ab_overhead'] * 100:+.1f}%"
             how += f" + hooks {(row.get('ab_hook_share') or 0) * 100:.1f}%"
             if row.get("ab_meter_view") is not None:
                 how += f"; autockpt's meter saw {row['ab_meter_view'] * 100:+.1f}% in the same blocks"
-            verdict = ab_verdict(row["ab_total"], row.get("ab_noise"), row["budget"])
+            verdict = ab_verdict(row["ab_total"], row.get("ab_band"), row["budget"])
             out.append({"framework": row["framework"], "workload": row["workload"],
                         "target": f"in-process cost ≤ {row['budget'] * 100:g}% budget",
                         "measured": f"{row['ab_total'] * 100:+.1f}%{band} ({how})",
@@ -278,7 +286,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
         if spread:
             slow += f" ({spread[0] * 100:+.0f}…{spread[1] * 100:+.0f})"
         if r.get("ab_total") is not None:
-            slow = f"A/B {r['ab_total'] * 100:+.1f}%" + (f" ±{2 * r['ab_noise'] * 100:.1f}" if r.get("ab_noise") else "")
+            slow = f"A/B {r['ab_total'] * 100:+.1f}%" + (f" ±{r['ab_band'] * 100:.1f}" if r.get("ab_band") else "")
         exact = "-" if "exact" not in r else "yes" if r["exact"] else f"no (max |Δw| {r['max_abs_diff']:.2g})"
         interval = "-" if r["kind"] == "none" else (
             f"{r['interval_steps']:.0f} steps" if r.get("interval_steps") else
@@ -348,7 +356,7 @@ def markdown(results: dict[str, Any]) -> str:
         "the budget, so this machine cannot tell a slowdown that small from noise. *in-process A/B* rows: the "
         "budget run's final interval in one process, checkpoints taken in alternating blocks and held back in "
         "the others (autockpt_bench/study/in_process_ab.py); their *slowdown* column is the cost of those "
-        "checkpoints plus the hooks' share of a step, ± about 95%; their target is met when that band lies at "
+        "checkpoints plus the hooks' share of a step, ± a 95% Student-t band over the cycles; their target is met when that band lies at "
         "or under the budget, missed when it lies over it, below noise when it holds the budget.",
         "",
     ]

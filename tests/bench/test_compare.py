@@ -4,6 +4,7 @@ stand-in workers (real processes, one per run; ``fake_study_worker``)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -164,9 +165,10 @@ def test_a_cost_in_every_step_shows_in_the_median_step_and_the_hook_time() -> No
 @pytest.mark.parametrize(
     ("cycles", "hook_s", "verdict"),
     [
-        ([0.010, 0.012, 0.011, 0.009], 0.00005, "met"),  # 1.05% + 0.5% hooks, ±0.13
+        ([0.010, 0.012, 0.011, 0.009], 0.00005, "met"),  # 1.05% + 0.5% hooks, ±0.21 (t, 3 dof)
         ([0.030, 0.032, 0.031, 0.029], 0.00005, "missed"),  # 3.05% + 0.5%
-        ([0.000, 0.040, 0.010, 0.030], 0.00005, "below noise"),  # 2.0% + 0.5%, ±1.8
+        ([0.000, 0.040, 0.010, 0.030], 0.00005, "below noise"),  # 2.0% + 0.5%, ±2.9
+        ([0.016, 0.024, 0.016, 0.024], 0.00005, "below noise"),  # 2.0% + 0.5%, ±0.73; 2σ (±0.46) would say missed
     ],
 )
 def test_an_ab_row_pools_its_cycles_adds_the_hooks_and_says_met_missed_or_below_noise(cycles, hook_s, verdict) -> None:
@@ -178,6 +180,7 @@ def test_an_ab_row_pools_its_cycles_adds_the_hooks_and_says_met_missed_or_below_
     assert row["method"] == "autockpt-ab-2%" and row["every"] == 7 and row["ab_cycle_count"] == 4
     assert row["ab_overhead"] == pytest.approx(sum(cycles) / 4)
     assert row["ab_total"] == pytest.approx(sum(cycles) / 4 + hook_s / 0.01)
+    assert row["ab_band"] == pytest.approx(3.182 * statistics.stdev(cycles) / 2, rel=1e-3)  # Student-t, 3 dof
     assert row.get("slowdown") is None  # half its steps take no checkpoint: no baseline comparison
     (target,) = report.targets([row])
     assert report.verdict(target) == verdict
