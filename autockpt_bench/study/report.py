@@ -165,6 +165,7 @@ def _ab_row(trains: list[dict[str, Any]]) -> dict[str, Any]:
     both arms pay and the A/B therefore leaves out (``ab_total`` adds it back)."""
     cycles = [c for r in trains for c in r["train"].get("ab_cycles") or []]
     out: dict[str, Any] = {"every": _median(r["method"].get("every") for r in trains), "ab_cycle_count": len(cycles)}
+    out["interval_steps"] = out["every"]  # the gaps between its checkpoints span the off blocks too
     out["ab_overhead"] = statistics.fmean(cycles) if cycles else None
     out["ab_noise"] = statistics.stdev(cycles) / len(cycles) ** 0.5 if len(cycles) > 1 else None
     out["ab_meter_view"] = _median(r["train"].get("ab_meter_view") for r in trains)

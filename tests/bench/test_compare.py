@@ -186,6 +186,7 @@ def test_an_ab_row_pools_its_cycles_adds_the_hooks_and_says_met_missed_or_below_
     assert report.verdict(target) == verdict
     assert "autockpt's meter saw +0.4% in the same blocks" in target["measured"]
     assert report.table_rows([row])[0][4].startswith("A/B ")
+    assert row["interval_steps"] == 7 and report.table_rows([row])[0][5] == "7 steps"  # not the gaps across off blocks
 
 
 def test_a_failed_or_skipped_method_is_a_row_that_says_so() -> None:
