@@ -52,11 +52,11 @@ class SortedWindow:
 
     def append(self, value: float) -> None:
         """Add ``value``; the oldest one leaves when the window is full."""
-        order, ordered = self._order, self._sorted
+        order = self._order
         if len(order) == self._maxlen:
-            del ordered[bisect_left(ordered, order[0])]
+            self._remove_sorted(order[0])
         order.append(value)
-        insort(ordered, value)
+        insort(self._sorted, value)
         if self._cache:
             self._cache.clear()
 
