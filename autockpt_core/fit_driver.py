@@ -97,7 +97,9 @@ class FitDriver:
     when the interval changes and at the end (process 0). ``drain(failed)``: before the session
     is finished, waits for work the adapter runs outside it (sharded saves); returns False when
     the session must not be waited for. ``nothing_left``: the message when a resumed run had
-    nothing left to train.
+    nothing left to train. ``device_busy()`` (training thread, end of each step's hook): whether
+    the accelerator still has queued work, i.e. the host runs ahead of it and the hook's time
+    is hidden (None: the host's time is the cost, as on a CPU).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class FitDriver:
         publish: Callable[[dict[str, float]], None] | None = None,
         drain: Callable[[bool], bool] | None = None,
         nothing_left: Callable[[], str] | None = None,
+        device_busy: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
@@ -125,6 +128,7 @@ class FitDriver:
         self._publish = publish
         self._drain = drain
         self._nothing_left = nothing_left
+        self._device_busy = device_busy
         self._clock = clock
         self._step_clock = StepClock(clock)
         self._finish_lock = threading.Lock()
@@ -204,7 +208,8 @@ class FitDriver:
         the checkpoint (or its deferral) and a signal any process received. On process 0 the
         time this call took, its checkpoint and (several processes) the collective aside, goes
         to the session as the step's hook time (the time of handing it over goes with the next
-        step's).
+        step's); 0 where ``device_busy`` says the accelerator still had queued work when it
+        ended (the host runs ahead of the device, so the training did not wait for it).
 
         ``loss`` and ``unclean`` are read on process 0 only. ``unclean`` may be a function, called
         (training thread, this step) only where its answer matters: at every step of a job of
@@ -263,7 +268,10 @@ class FitDriver:
         if session is not None and decision is not None:
             # the recording itself is part of the hooks' cost: it is counted with the next step
             recording = self._clock()
-            session.hook_time(recording - entry - checkpoint_s - settle_s + self._recording_s)
+            spent = recording - entry - checkpoint_s - settle_s + self._recording_s
+            if self._device_busy is not None and self._device_busy():
+                spent = 0.0  # the device still ran queued steps: the host's work here cost it nothing
+            session.hook_time(spent)
             self._recording_s = self._clock() - recording
         if signum is not None:
             self._act_on_signal(step, signum, saved=save)

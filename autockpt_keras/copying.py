@@ -75,6 +75,25 @@ def buffer_pool_for(backend: str) -> BufferPool[Any] | None:
     return numpy_pinned_pool()
 
 
+def device_busy_for(backend: str, model: Any) -> Callable[[], bool] | None:
+    """The torch backend with the model on a CUDA device: whether that device still has queued
+    work (:func:`autockpt_torch.cuda_api.queue_busy_probe`); None for every other case (the
+    host's time in a hook is then taken as the training's)."""
+    if backend != "torch":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from autockpt_torch.cuda_api import queue_busy_probe
+
+    for variable in getattr(model, "variables", None) or []:
+        value = getattr(variable, "value", None)
+        if isinstance(value, torch.Tensor):
+            return queue_busy_probe(value.device)
+    return None
+
+
 def generic_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
     """Backend-neutral: ``v.numpy()`` then a copy into the pooled buffer."""
     out: dict[str, np.ndarray] = {}

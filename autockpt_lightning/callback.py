@@ -57,6 +57,7 @@ from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.fit_driver import Due, FitDriver, FitRecords
 from autockpt_core.persist import storage_for
 from autockpt_torch import TorchSnapshotter, torch_buffer_pool, torch_shared_pool
+from autockpt_torch.cuda_api import queue_busy_probe
 from autockpt_torch.process_write import WRITE_RECORDS, portable_tree_write
 from autockpt_torch.staging import optimizer_owned
 
@@ -151,6 +152,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             self.config, LightningRanks(trainer), self._session, self._take,
             save_on_train_end=self.save_on_train_end, preemption=self._preemption, signals_wait=True,
             publish=self._publish, drain=self._drain, nothing_left=self._nothing_left,
+            device_busy=queue_busy_probe(trainer.strategy.root_device),
         )  # fmt: skip
         if self.config.resume:
             config = self.config

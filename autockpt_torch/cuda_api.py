@@ -1,13 +1,13 @@
 """The few CUDA calls the snapshot copy makes, behind one class so tests can record them.
 
-No GPU test exists yet: the unit tests pass a recording fake of :class:`CudaApi` to check the
-order of stream waits, copies and events.
+The unit tests pass a recording fake of :class:`CudaApi` to check the order of stream waits,
+copies and events; ``tests/gpu`` runs the real calls.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,3 +38,19 @@ def record_on_stream(src: torch.Tensor, stream: Any) -> None:
     """Tell the caching allocator ``src`` is in use on ``stream`` (real CUDA tensors only)."""
     if src.is_cuda:
         src.record_stream(stream)
+
+
+def queue_busy_probe(device: torch.device | str | None) -> Callable[[], bool] | None:
+    """For a CUDA ``device``: a function telling whether its current stream still has queued
+    work (``cudaStreamQuery``, a few microseconds, no wait), i.e. the host runs ahead of the GPU
+    and host work done now costs the training nothing. None for any other device."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+
+    def busy() -> bool:
+        return not torch.cuda.current_stream(device).query()
+
+    return busy

@@ -57,6 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from autockpt_bench.study.in_process_ab import Alternation, ab_block, ab_figures  # noqa: E402
+from autockpt_bench.study.report import ab_band, ab_verdict  # noqa: E402
 from autockpt_bench.workers.hooks import log_calls  # noqa: E402
 from autockpt_bench.workers.stacked_linear import StackedLinear  # noqa: E402
 from autockpt_core.units import parse_size  # noqa: E402
@@ -225,12 +227,18 @@ def fit(
     timed_steps: bool = True,
     span_from: int | None = None,
     max_seconds: float | None = None,
+    alternation: Alternation | None = None,
 ) -> RunRecord:
     """One Lightning fit of ``steps`` optimizer steps; AutoCheckpoint when ``auto_kwargs`` is
     not None. ``timed_steps``: wait for the current stream at each step's end and mark it;
     else, with ``span_from``, mark (after such a wait) only steps ``span_from`` and ``steps``,
     and keep the time of the latest step under key -1 (no wait). ``max_seconds``: Lightning's
-    ``max_time``, a guard against a step-time estimate far off (``extra["steps_done"]``)."""
+    ``max_time``, a guard against a step-time estimate far off (``extra["steps_done"]``).
+    ``alternation`` (with ``timed_steps=False`` and no ``span_from``): the in-process A/B's
+    blocks are applied to AutoCheckpoint's session, and every step's end is marked on the
+    device's timeline: a CUDA event recorded on the current stream (no wait), so a step's
+    duration is the device's, idle gaps while it waited for the host included, not the host's
+    view of a queue (``extra["step_s"]``; host time on the CPU)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
 
@@ -259,6 +267,7 @@ def fit(
                 marks[-1] = now()
                 marks[-2] = trainer.global_step
 
+    step_events: dict[int, Any] = {}
     modes: dict[int, str | None] = {}
     pinned: list[tuple[int, int]] = []
     device_bytes: list[int] = []
@@ -271,6 +280,22 @@ def fit(
                 buffers = [e[2] for e in tracked.session.buffers._buffers.values() if e[2].numel()]
                 pinned.append((sum(bool(b.is_pinned()) for b in buffers) if cuda else 0, len(buffers)))
 
+    class BlockTimer(Callback):  # after AutoCheckpoint and ModeLog: the A/B's step marks
+        def on_train_start(self, *args: Any) -> None:
+            assert alternation is not None
+            alternation.attach(tracked.session)
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            assert alternation is not None
+            step = trainer.global_step
+            if cuda:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(torch.cuda.current_stream(device))
+                step_events[step] = event
+            else:
+                marks[step] = now()
+            alternation.step_done(step)
+
     callbacks: list[Any] = [SpanStart()]
     tracked: Any = None
     if auto_kwargs is not None:
@@ -278,6 +303,8 @@ def fit(
         tracked = AutoCheckpoint(str(directory), **auto_kwargs)
         log_calls(tracked, ("on_train_batch_end", "on_before_optimizer_step"), hooks)
         callbacks += [tracked, ModeLog()]
+        if alternation is not None:
+            callbacks.append(BlockTimer())
     callbacks.append(StepTimer())
 
     torch.manual_seed(0)
@@ -304,6 +331,9 @@ def fit(
     extra: dict[str, Any] = {"steps_done": trainer.global_step}
     if cuda:
         extra["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base_mem
+    if alternation is not None:
+        extra["step_s"] = ({s: step_events[s - 1].elapsed_time(step_events[s]) / 1e3 for s in step_events
+                            if s - 1 in step_events} if cuda else step_durations(marks))
     if tracked is not None:
         session = tracked.session
         est = session.estimates()
@@ -622,6 +652,66 @@ def default_fit_section(
                 res.write()
     section["rows"] = budget_rows(section["runs"], configs)
     res.write()
+    if framework == "lightning" and args.ab_cycles > 0:
+        ab_section(args, device, width, step_s, root, res, deadline, section)
+
+
+def ab_section(
+    args: argparse.Namespace, device: torch.device, width: int, step_s: float, root: Path, res: Results,
+    deadline: Deadline, section: dict[str, Any],
+) -> None:
+    """Per budget row: the in-process A/B (:mod:`autockpt_bench.study.in_process_ab`) of the
+    interval its runs ended with (their median), AutoCheckpoint with ``every_n_steps`` at that
+    interval, checkpoints taken in the on blocks and held back in the off blocks; the warm-up
+    holds the first checkpoint (its buffers). Up to ``--ab-cycles`` cycles, fewer where they
+    would take over ``--ab-seconds``. Step times are the device's (see :func:`fit`); no step is
+    left out as an outlier (a checkpoint's copy is a real gap on that timeline). The hooks run in both arms: the A/B is the checkpoints' cost.
+    ``--ab-every`` gives the intervals instead (one per budget, in order), without budget runs."""
+    rows = section.get("rows") or {}
+    if args.ab_every:
+        rows = {f"autockpt, budget {b:.0%}": {"budget": b, "interval_steps": [k]}
+                for b, k in zip(args.default_fit_budgets, args.ab_every)}
+    for name, row in rows.items():
+        budget = row.get("budget")
+        intervals = [i for i in row.get("interval_steps") or [] if i]
+        if budget is None or not intervals:
+            continue
+        every = int(median(intervals) or 0)
+        block = ab_block(every)
+        warmup = every + args.warmup_steps
+        cycles = max(2, min(args.ab_cycles, int(args.ab_seconds / (2 * block * step_s))))
+        steps = warmup + 2 * cycles * block
+        need = steps * step_s * 1.3 + 5
+        label = f"{name}: A/B every {every}"
+        if need > deadline.left():
+            res.skip(f"ab/{label}", f"needs ~{need:.0f}s, {deadline.left():.0f}s left")
+            continue
+        directory = root / f"ab-{every}"
+        alternation = Alternation(block, warmup)
+        try:
+            auto_kwargs = dict(resume=False, every_n_steps=every, save_on_train_end=False)
+            run = fit(device, width, steps, directory, auto_kwargs, timed_steps=False, alternation=alternation,
+                      max_seconds=3 * need + 10)
+            durations = {s: t for s, t in run.extra.pop("step_s").items() if s > warmup}
+            on = {s: alternation.is_on(s) for s in durations}
+            figures = ab_figures(durations, on, alternation.busy_after, alternation.loaded, guard=block // 2,
+                                 outlier_factor=None)
+            n = len(figures["ab_cycles"])
+            band = ab_band(figures["ab_noise"], n)
+            overhead = figures["ab_overhead"]
+            entry = {"budget": budget, "every": every, "block": block, "warmup": warmup, "steps": steps,
+                     "wall_s": run.wall_s, "checkpoints": len(run.extra.get("events") or []), "ab_band": band,
+                     "verdict": ab_verdict(overhead, band, budget) if overhead is not None else None,
+                     **figures}
+            section.setdefault("ab", {})[name] = entry
+            print(f"[ab] {label}: {n} cycles, checkpoints {pct(overhead)}"
+                  + (f" ±{band * 100:.1f}" if band is not None else "")
+                  + f", meter {pct(figures['ab_meter_view'])}, {entry['verdict']}", flush=True)
+        except Exception as exc:
+            res.error(f"ab/{label}", exc)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+            res.write()
 
 
 def budget_rows(runs: dict[str, list[dict[str, Any]]], configs: list[tuple[str, Any, float | None]]) -> dict[str, Any]:
@@ -711,6 +801,18 @@ def tables(doc: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append(("AutoCheckpoint with only overhead_budget set vs none (medians over rounds; no extra syncs)", [
             "size", "run", "runs", "step ms (after warm-up)", "slowdown", "fit wall s", "wall slowdown",
             "reported overhead", "baseline spread", "ckpts", "copy mode", "budget"], rows))
+    rows = []
+    for key, sec in (doc.get("default_fit") or {}).items():
+        for name, r in (sec.get("ab") or {}).items():
+            band = r.get("ab_band")
+            rows.append([key, name, str(r.get("every")), str(len(r.get("ab_cycles") or [])),
+                         pct(r.get("ab_overhead")) + (f" ±{band * 100:.1f}" if band is not None else ""),
+                         pct(r.get("ab_meter_view")), pct(r.get("ab_reference_spread")),
+                         num(r.get("ab_spill_steps"), 0), str(r.get("verdict") or "-")])
+    if rows:
+        out.append(("in-process A/B of each budget's interval (checkpoints only; ±: 95% Student-t)", [
+            "size", "budget run", "every", "cycles", "checkpoints' cost", "meter, same blocks",
+            "reference spread", "spill steps", "checkpoints vs budget"], rows))
     return out
 
 
@@ -780,6 +882,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--default-fit-budgets", default="0.02,0.05", help="overhead_budget of each AutoCheckpoint run")
     p.add_argument("--default-fit-frameworks", default="lightning",
                    help="lightning and/or keras (Keras 3 on its torch backend), comma-separated")
+    p.add_argument("--ab-cycles", type=int, default=8,
+                   help="cycles of the in-process A/B of each Lightning budget row's interval (0: none)")
+    p.add_argument("--ab-seconds", type=float, default=60.0, help="fewer cycles where they would take longer")
+    p.add_argument("--ab-every", default="",
+                   help="A/B at these intervals (steps, one per budget) instead of the budget runs' own")
     p.add_argument("--floor-bytes", default="512MB")
     p.add_argument("--budget-s", type=float, default=170.0, help="soft deadline for the whole run (seconds)")
     p.add_argument("--dir", default=None, help="checkpoint directory (default: a temporary directory; removed)")
@@ -789,6 +896,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.default_fit_budgets = [float(b) for b in args.default_fit_budgets.split(",") if b.strip()]
     args.default_fit_frameworks = [f.strip() for f in args.default_fit_frameworks.split(",") if f.strip()]
+    args.ab_every = [int(k) for k in args.ab_every.split(",") if k.strip()]
     return args
 
 

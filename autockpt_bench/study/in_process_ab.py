@@ -22,8 +22,8 @@ this machine can stall 17–20 s, with or without checkpoints) would decide a wh
 steps are left out of both arms and listed (``ab_excluded``, each marked charged or not), so a
 checkpoint that causes them shows as a list of charged ones.
 
-``overhead`` pools the cycles (Σ cost / Σ n_on·ref); ``noise`` is the standard deviation of the
-per-cycle figures over √cycles. ``meter_view`` is what autockpt's in-run meter sees in the same
+``overhead`` is the mean of the per-cycle figures and ``noise`` their standard deviation over
+√cycles: its standard error (the report pools cycles over repetitions the same way). ``meter_view`` is what autockpt's in-run meter sees in the same
 on blocks: its loaded steps against its clean steps of the same blocks
 (:mod:`autockpt_core.policy.overhead_meter`), so ``overhead − meter_view`` is the cost landing
 in steps the meter takes as clean.
@@ -124,7 +124,8 @@ def _blocks(steps: list[int], alternation_on: Mapping[int, bool]) -> list[_Block
 
 
 def ab_figures(durations: Mapping[int, float], on: Mapping[int, bool], busy_after: Mapping[int, bool],
-               loaded: Mapping[int, bool], guard: int) -> dict[str, Any]:
+               loaded: Mapping[int, bool], guard: int,
+               outlier_factor: float | None = OUTLIER_FACTOR) -> dict[str, Any]:
     """The A/B's figures from per-step wall times ``durations`` (global step → seconds, steps
     after the warm-up), ``on`` (checkpoints taken in that step's block), ``busy_after`` (a
     persist still ran when the step ended) and ``loaded`` (the in-run meter's flag).
@@ -135,9 +136,12 @@ def ab_figures(durations: Mapping[int, float], on: Mapping[int, bool], busy_afte
     mean step seconds]`` per block, in order, outliers included) and ``ab_excluded`` (``[step,
     seconds, charged]`` per step left out); overheads are fractions,
     None where fewer than one full cycle (an on block followed by an off block) was run.
+    ``outlier_factor`` None keeps every step: where step times are the host's view of an
+    asynchronous device, a checkpoint's step waits for the queued steps and looks like a stall.
     """
     typical = statistics.median(durations.values()) if durations else 0.0
-    outliers = {s for s, t in durations.items() if t > OUTLIER_FACTOR * typical}
+    outliers = ({s for s, t in durations.items() if t > outlier_factor * typical}
+                if outlier_factor is not None else set())
     steps = sorted(durations)
     blocks = _blocks(steps, on)
     if blocks and not blocks[0].on:
@@ -155,7 +159,6 @@ def ab_figures(durations: Mapping[int, float], on: Mapping[int, bool], busy_afte
         rest = [s for s in block.steps[n:] if s not in outliers]
         refs.append(statistics.fmean(durations[s] for s in rest) if rest else None)
     cycles: list[float] = []
-    costs, weights = 0.0, 0.0
     meter: list[tuple[float, float]] = []
     charged_steps: set[int] = set()
     ons = [b for b in blocks if b.on]
@@ -173,8 +176,6 @@ def ab_figures(durations: Mapping[int, float], on: Mapping[int, bool], busy_afte
             continue
         cost = sum(durations[s] for s in charged) - len(charged) * ref
         cycles.append(cost / (len(kept) * ref))
-        costs += cost
-        weights += len(kept) * ref
         clean = [durations[s] for s in kept if not loaded.get(s, False)]
         if clean:
             m = statistics.fmean(clean)
@@ -183,7 +184,7 @@ def ab_figures(durations: Mapping[int, float], on: Mapping[int, bool], busy_afte
     known = [r for r in refs if r is not None]
     means = [[b.on, len(b.steps), statistics.fmean(durations[s] for s in b.steps)] for b in blocks]
     return {
-        "ab_overhead": costs / weights if weights else None,
+        "ab_overhead": statistics.fmean(cycles) if cycles else None,
         "ab_noise": statistics.stdev(cycles) / math.sqrt(len(cycles)) if len(cycles) > 1 else None,
         "ab_cycles": cycles,
         "ab_meter_view": sum(e for e, _ in meter) / sum(w for _, w in meter) if meter else None,

@@ -139,5 +139,13 @@ def test_a_stall_far_longer_than_a_step_is_left_out_of_both_arms_and_listed() ->
     durations[6] = 2.0  # an epoch boundary's stall in the first on block
     durations[20] = 2.0  # and one in the first off block's reference
     figures = ab_figures(durations, on, after, flags, guard=0)
-    assert figures["ab_overhead"] == pytest.approx((5 + 5) / (11 * 10 + 12 * 10))  # 11 steps kept in the first
+    assert figures["ab_overhead"] == pytest.approx((5 / (11 * 10) + 5 / (12 * 10)) / 2)  # 11 steps kept in the first
     assert figures["ab_excluded"] == [[6, 2.0, True], [20, 2.0, False]]
+
+
+def test_without_an_outlier_factor_every_step_counts() -> None:
+    on_block = [0.010] * 12
+    on_block[3] = 0.080  # a host's view of a device: the checkpoint's step waits for the queued steps
+    figures = ab_figures(*_run(on_block, [0.010] * 12, cycles=2, loaded={3}), guard=0, outlier_factor=None)
+    assert figures["ab_overhead"] == pytest.approx(0.070 / 0.120)
+    assert figures["ab_excluded"] == []

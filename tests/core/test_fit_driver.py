@@ -512,6 +512,26 @@ def test_the_hook_time_of_each_step_reaches_the_session_without_its_checkpoint(t
     assert session.hook_times == [2.0, 4.0, 3.0]
 
 
+def test_a_hook_that_ends_while_the_device_still_runs_queued_steps_costs_nothing(tmp_path: Path) -> None:
+    clock = TickingClock()
+    config = Config(dirpath=str(tmp_path))
+    session = FakeSession(config, {})
+    queued = iter([True, False, True])  # the device's queue at the end of steps 1, 2, 3
+    asked: list[int] = []
+
+    def device_busy() -> bool:
+        asked.append(len(session.hook_times))
+        return next(queued)
+
+    driver = FitDriver(config, ProcessGroup(), session, lambda due: None,  # type: ignore[arg-type]
+                       device_busy=device_busy, clock=clock)
+    driver.begin(0)
+    for step in (1, 2, 3):
+        driver.step_end(step, loss=1.0)
+    assert asked == [0, 1, 2]  # once per step, before its hook time is handed over
+    assert session.hook_times == [0.0, 3.0, 0.0]  # step 2 counts its own time and step 1's handing over
+
+
 def test_the_wait_for_a_slower_process_is_not_counted_as_hook_time(tmp_path: Path) -> None:
     fits = drivers(tmp_path, 2)
 

@@ -35,6 +35,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -53,6 +54,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from autockpt_lightning import AutoCheckpoint, ResumableSampler  # noqa: E402
 from autockpt_torch import TorchSnapshotter, torch_buffer_pool  # noqa: E402
+from autockpt_torch.cuda_api import queue_busy_probe  # noqa: E402
 from autockpt_torch.host_buffers import numpy_pinned_pool  # noqa: E402
 from autockpt_torch.staging import optimizer_owned  # noqa: E402
 
@@ -272,7 +274,60 @@ def test_auto_on_cuda_tries_the_device_copy_first_when_it_fits() -> None:
     REPORT["auto_first_choice"] = snapshotter.choice.reason
 
 
+def test_the_queue_probe_sees_queued_work_and_an_idle_stream() -> None:
+    busy = queue_busy_probe(torch.device("cuda", torch.cuda.current_device()))
+    assert busy is not None and queue_busy_probe("cpu") is None
+    a = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    assert busy() is False
+    for _ in range(20):  # ~20 GFLOP each: far longer than launching them
+        a = a @ a / 8192
+    queued = busy()
+    torch.cuda.synchronize()
+    assert queued is True and busy() is False
+
+
 # -- Lightning on accelerator="gpu" ----------------------------------------------------------------------
+
+
+class HeavyNet(pl.LightningModule):
+    """Steps of tens of milliseconds on the GPU and ~2 ms on the host: the host runs ahead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(4)])
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.net(batch).square().mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-6)
+
+
+class OnDevice(torch.utils.data.Dataset):
+    def __init__(self, steps: int) -> None:
+        self.x, self.steps = torch.randn(4096, 4096, device="cuda"), steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.x
+
+
+def test_hook_time_hidden_behind_queued_gpu_steps_is_not_counted(tmp_path: Path) -> None:
+    callback = AutoCheckpoint(str(tmp_path / "ck"), every_n_steps=1000, save_on_train_end=False, resume=False,
+                              verbose=False)
+    trainer = pl.Trainer(max_steps=40, accelerator="gpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, callbacks=[callback],
+                         num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    trainer.fit(HeavyNet(), DataLoader(OnDevice(41), batch_size=None))
+    hooks = list(callback.session.profiler._hook)
+    REPORT["hook_s_queued_gpu_steps"] = hooks
+    assert len(hooks) >= 20 and statistics.median(hooks) == 0.0, hooks
+    assert callback.session.estimates().hook_s == 0.0
+
+
 
 
 class GpuNet(pl.LightningModule):
