@@ -80,6 +80,8 @@ class RunLedger:
         if overhead.value is not None and overhead.band is not None:
             out["autockpt/overhead_pct"] = overhead.value * 100.0
             out["autockpt/overhead_band_pct"] = overhead.band * 100.0
+        if overhead.left_out:
+            out["autockpt/left_out_steps"] = float(overhead.left_out)
         if buffers.peak_bytes:
             out["autockpt/buffer_bytes"] = float(buffers.total_bytes or released_bytes)
             out["autockpt/buffer_peak_bytes"] = float(buffers.peak_bytes)
@@ -106,6 +108,8 @@ class RunLedger:
             checkpoint_bytes=est.checkpoint_bytes,
             overhead=overhead.value,
             overhead_band=overhead.band,
+            left_out_steps=overhead.left_out,
+            left_out_s=overhead.left_out_s,
             budget=config.overhead_budget,
             interval_steps=interval.steps if interval is not None else None,
             interval_rule=interval.rule if interval is not None else None,

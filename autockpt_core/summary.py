@@ -15,6 +15,8 @@ class RunSummary:
     ``overhead``: the measured fraction of training time checkpointing cost
     (:mod:`.policy.overhead_meter`), ``overhead_band``: the half-width of its ~95% band; a
     band wider than the budget is printed as such, not as a precise-looking number.
+    ``left_out_steps``/``left_out_s``: steps over five clean steps long that the overhead left
+    out as the machine's stalls (:mod:`.policy.giant_steps`), and their seconds.
     """
 
     framework: str
@@ -35,6 +37,8 @@ class RunSummary:
     mirror: str | None = None
     mirrored: int = 0
     overhead_band: float | None = None
+    left_out_steps: int = 0
+    left_out_s: float = 0.0
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -49,9 +53,14 @@ class RunSummary:
         copy = f" ({self.copy_mode} copy)" if self.copy_mode else ""
         buffers = f", host buffers {format_size(self.buffer_peak_bytes)}" if self.buffer_peak_bytes else ""
         mirrored = f", {self.mirrored} mirrored to {self.mirror}" if self.mirror else ""
+        left_out = ""
+        if self.left_out_steps:
+            plural = "s" if self.left_out_steps > 1 else ""
+            left_out = (f", {self.left_out_steps} stalled step{plural} ({format_duration(self.left_out_s)}) "
+                        "left out as the machine's")
         return (
             f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
-            f"persist {persist}, overhead {overhead}, "
+            f"persist {persist}, overhead {overhead}{left_out}, "
             f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}{mirrored}"
         )
 

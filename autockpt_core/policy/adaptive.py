@@ -11,6 +11,12 @@ Steps that overlapped no checkpoint work (no stall, no persist running at either
 cores, memory bandwidth, page cache), not only the blocked time. Each window has its own ``t``,
 so a change in iteration time is not mistaken for checkpoint overhead.
 
+Giant steps (:mod:`.giant_steps`: over five times the window's clean mean, e.g. a machine's
+20 s stall) would decide a window's cost alone: a clean one is left out of its window (wall
+and steps) always; a loaded one (its duration counted from the end of the checkpoint's own
+stall) only until giants are clearly more frequent among loaded steps than among clean ones,
+judged at each decision over the whole fit.
+
 Noise: each window's cost has a known floor of noise from iteration-time jitter (see
 :attr:`Window.noise_sd`); spreads are never taken smaller than that, and bands use Student-t
 quantiles, so a few lucky windows are not evidence. Windows in which the iteration time itself
@@ -51,6 +57,7 @@ import statistics
 
 from ..config import Config
 from .decision import Adjuster, IntervalChoice, checkpoint_budget, choose_interval
+from .giant_steps import MIN_REFERENCE, GiantRates, is_giant
 from .profiler import Estimates
 from .stats import clearly_different, excess_sd, mean_sd, t_quantile
 
@@ -67,7 +74,9 @@ class Window:
     """One measured checkpoint window.
 
     ``clean_iter_s``/``clean_sd``/``clean_n``: mean, standard deviation and count of its clean
-    iterations (mean None when fewer than ``min_clean``).
+    iterations (mean None when fewer than ``min_clean``). ``loaded_giants``: the durations of
+    its giant loaded steps, which ``steps`` and ``wall_s`` include (its giant clean steps are
+    left out of both).
     """
 
     end_step: int
@@ -76,6 +85,14 @@ class Window:
     clean_iter_s: float | None
     clean_sd: float = 0.0
     clean_n: int = 0
+    loaded_giants: tuple[float, ...] = ()
+
+    def without_giants(self) -> Window:
+        """This window with its giant loaded steps left out of its wall time and steps."""
+        if not self.loaded_giants:
+            return self
+        return dataclasses.replace(self, steps=self.steps - len(self.loaded_giants),
+                                   wall_s=self.wall_s - math.fsum(self.loaded_giants), loaded_giants=())
 
     def iter_time(self, fallback_iter_s: float) -> float:
         return self.clean_iter_s if self.clean_iter_s is not None else fallback_iter_s
@@ -141,11 +158,14 @@ class AdaptiveTuner(Adjuster):
         self._pending = False
         self._t_ref: float | None = None  # newest clean iteration time measured in a window
         self._base_steps: int | None = None  # the base choice's interval at the last adjust()
+        self.giants = GiantRates()
         self._reset_window()
 
     def _reset_window(self) -> None:
         self._win: tuple[int, float] | None = None
         self._clean: list[float] = []
+        self._clean_sum = 0.0
+        self._giant_steps: dict[bool, list[float]] = {False: [], True: []}  # by loaded, in this window
         self._prev: float | None = None
         self._prev_busy = False
         self._ckpt_since_prev = False
@@ -160,26 +180,41 @@ class AdaptiveTuner(Adjuster):
         self._base_steps = None
         self._since_change = 0
         self._pending = False
+        self.giants = GiantRates()
 
     def observe_step(self, step: int, now: float, persist_busy: bool, loss: float | None) -> None:
-        if self._prev is not None and not (self._ckpt_since_prev or persist_busy or self._prev_busy):
-            self._clean.append(now - self._prev)
+        if self._prev is not None:
+            loaded = self._ckpt_since_prev or persist_busy or self._prev_busy
+            after_stall = self._ckpt_since_prev and self._win is not None
+            seconds = now - (self._win[1] if after_stall else self._prev)  # type: ignore[index]
+            n = len(self._clean)
+            giant = is_giant(seconds, self._clean_sum / n if n >= MIN_REFERENCE else self._t_ref)
+            self.giants.count(loaded, giant)
+            if giant:
+                self._giant_steps[loaded].append(seconds)
+            elif not loaded:
+                self._clean.append(seconds)
+                self._clean_sum += seconds
         self._prev, self._prev_busy, self._ckpt_since_prev = now, persist_busy, False
 
     def observe_checkpoint(self, step: int, now: float) -> None:
         if self._win is not None and step > self._win[0]:
-            self._close_window(step, step - self._win[0], now - self._win[1])
+            left_out = self._giant_steps[False]
+            self._close_window(step, step - self._win[0] - len(left_out), now - self._win[1] - math.fsum(left_out))
         self._win = (step, now)
         self._clean = []
+        self._clean_sum = 0.0
+        self._giant_steps = {False: [], True: []}
         self._ckpt_since_prev = True
 
     def _close_window(self, step: int, steps: int, wall: float) -> None:
         clean = self._clean
+        giants = tuple(self._giant_steps[True])
         if len(clean) < self.min_clean:
-            win = Window(step, steps, wall, None)
+            win = Window(step, steps, wall, None, loaded_giants=giants)
         else:
             mean, sd = mean_sd(clean)
-            win = Window(step, steps, wall, mean, sd, len(clean))
+            win = Window(step, steps, wall, mean, sd, len(clean), giants)
             if len(clean) >= 2 * self.min_clean:  # iteration time moved inside the window: no cost
                 half = len(clean) // 2
                 (a, sa), (b, sb) = mean_sd(clean[:half]), mean_sd(clean[half:])
@@ -205,9 +240,14 @@ class AdaptiveTuner(Adjuster):
         n = min(w.clean_n for w in ref)
         return clearly_different(median, sd, n, win.clean_iter_s, win.clean_sd, win.clean_n, REGIME_SHIFT)
 
+    def _counted(self, windows: list[Window]) -> list[Window]:
+        """``windows`` as their cost counts now: giant loaded steps left out unless giants are
+        clearly the checkpoints' (see the module docstring)."""
+        return windows if self.giants.checkpoint_caused() else [w.without_giants() for w in windows]
+
     def _trim_change_point(self) -> None:
         """Forget older windows when the newest one or two measure a clearly different cost."""
-        measured = [w for w in self.windows if w.clean_iter_s is not None]
+        measured = [w for w in self._counted(self.windows) if w.clean_iter_s is not None]
         for k in (1, 2):
             if len(measured) < k + 2:
                 return
@@ -244,7 +284,7 @@ class AdaptiveTuner(Adjuster):
     def _evaluate(self, base: IntervalChoice, est: Estimates) -> None:
         # windows too short for clean iterations of their own use the newest measured ones
         fallback_t = self._t_ref if self._t_ref is not None else float(est.iter_time_s)  # type: ignore[arg-type]
-        recent = self.windows[-min(self._since_change, len(self.windows)):]
+        recent = self._counted(self.windows[-min(self._since_change, len(self.windows)):])
         if not recent:
             return
         costs = [w.cost(fallback_t) for w in recent]

@@ -21,6 +21,11 @@ copy and persist (cache pollution) land in clean steps and are not seen, nor is 
 cost the framework's own code around them (caches they evict): a benchmark against a run
 without the callback measures those.
 
+A step more than five times the clean mean (:mod:`.giant_steps`: a machine's stall, which a
+run without checkpoints pays too) is *left out* of both sides, and counted in ``left_out`` and
+``left_out_s``, until such steps are clearly more frequent among loaded steps than among clean
+ones; from then on they count in full, as the checkpoints' cost.
+
 Call order (training thread, driven by :class:`~autockpt_core.session.CheckpointSession`):
 ``step(seconds, loaded)`` after every optimizer step (its own blocked time subtracted; the
 first ``warmup`` steps are not counted), ``revise_last_step(seconds)`` when the slowest rank's
@@ -34,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .giant_steps import MIN_REFERENCE, GiantRates, is_giant
 from .stats import excess_sd
 
 #: Half-width of the band shown with an overhead, in standard deviations (about 95%).
@@ -44,11 +50,14 @@ BAND_SD = 2.0
 class Overhead:
     """One reading: ``value`` (a fraction, e.g. 0.012 = 1.2%) and ``noise`` (its standard
     deviation from step-to-step noise); both None until two clean steps and one loaded step or
-    blocked interval were counted. ``steps``: the steps counted."""
+    blocked interval were counted. ``steps``: the steps counted. ``left_out``/``left_out_s``:
+    giant steps not counted (see the module docstring) and their seconds."""
 
     value: float | None
     noise: float | None
     steps: int
+    left_out: int = 0
+    left_out_s: float = 0.0
 
     @property
     def band(self) -> float | None:
@@ -95,7 +104,9 @@ class OverheadMeter:
         self._loaded_sum = 0.0
         self._blocked = 0.0
         self._hooks = 0.0
-        self._last: tuple[float, bool] | None = None  # the newest counted step: (seconds, loaded)
+        self._giants: dict[bool, list[float]] = {False: [], True: []}  # by loaded: giant steps' seconds
+        self.giant_rates = GiantRates()
+        self._last: tuple[float, bool, bool] | None = None  # the newest counted step: seconds, loaded, giant
 
     def step(self, seconds: float, loaded: bool) -> None:
         """One optimizer step's duration, its own blocked time subtracted; ``loaded``: it
@@ -104,17 +115,31 @@ class OverheadMeter:
         self._last = None
         if self._seen <= self._warmup or seconds < 0:
             return
-        self._add(seconds, loaded, +1)
-        self._last = (seconds, loaded)
+        self._last = (seconds, loaded, self._count(seconds, loaded))
 
     def revise_last_step(self, seconds: float) -> None:
         """Replace the newest counted step's duration (a no-op when it was not counted)."""
         if self._last is None:
             return
-        old, loaded = self._last
-        self._add(old, loaded, -1)
-        self._add(max(0.0, seconds), loaded, +1)
-        self._last = (max(0.0, seconds), loaded)
+        old, loaded, giant = self._last
+        self.giant_rates.count(loaded, giant, -1)
+        if giant:
+            self._giants[loaded].pop()
+        else:
+            self._add(old, loaded, -1)
+        seconds = max(0.0, seconds)
+        self._last = (seconds, loaded, self._count(seconds, loaded))
+
+    def _count(self, seconds: float, loaded: bool) -> bool:
+        """Count one step; whether it is a giant (kept apart)."""
+        typical = self._clean_mean if self._clean_n >= MIN_REFERENCE else None
+        giant = is_giant(seconds, typical)
+        self.giant_rates.count(loaded, giant)
+        if giant:
+            self._giants[loaded].append(seconds)
+        else:
+            self._add(seconds, loaded, +1)
+        return giant
 
     def blocked(self, seconds: float) -> None:
         """The training thread was blocked ``seconds`` by checkpoint work."""
@@ -146,13 +171,24 @@ class OverheadMeter:
 
     def reading(self) -> Overhead:
         """The overhead so far, with its noise."""
-        n_c, n_l = self._clean_n, self._loaded_n
+        n_c, n_l, m, m2, loaded_sum = self._clean_n, self._loaded_n, self._clean_mean, self._clean_m2, self._loaded_sum
+        left_out, left_out_s = 0, 0.0
+        if self.giant_rates.checkpoint_caused():
+            for seconds in self._giants[False]:  # Welford, as in _add
+                n_c += 1
+                delta = seconds - m
+                m += delta / n_c
+                m2 += delta * (seconds - m)
+            n_l += len(self._giants[True])
+            loaded_sum += sum(self._giants[True])
+        else:
+            left_out = len(self._giants[False]) + len(self._giants[True])
+            left_out_s = sum(self._giants[False]) + sum(self._giants[True])
         steps = n_c + n_l
-        m = self._clean_mean
         if n_c < 2 or m <= 0 or (n_l == 0 and self._blocked == 0 and self._hooks == 0):
-            return Overhead(None, None, steps)
-        sd = math.sqrt(max(self._clean_m2, 0.0) / (n_c - 1))
-        extra = self._loaded_sum + self._blocked + self._hooks - n_l * m
+            return Overhead(None, None, steps, left_out, left_out_s)
+        sd = math.sqrt(max(m2, 0.0) / (n_c - 1))
+        extra = loaded_sum + self._blocked + self._hooks - n_l * m
         work = steps * m
         noise = excess_sd(sd, n_l, n_c)
-        return Overhead(extra / work, noise / work, steps)
+        return Overhead(extra / work, noise / work, steps, left_out, left_out_s)

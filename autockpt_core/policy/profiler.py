@@ -14,6 +14,7 @@ import dataclasses
 import math
 import threading
 
+from .giant_steps import GIANT_FACTOR, GiantRates, is_giant
 from .sorted_window import SortedWindow
 from .stats import t_quantile
 
@@ -24,7 +25,8 @@ class Estimates:
 
     ``None`` means "not measured yet". ``loaded_iter_time_s`` is the mean duration of the
     iterations that ran while a checkpoint was being snapshotted or persisted (their own stall
-    excluded; each capped at 5x the clean median so one page-cache flush cannot dominate);
+    excluded; one over 5x the clean median left out while such giants are not clearly the
+    checkpoints', capped at that once they are, so one stall cannot dominate);
     compared with ``iter_time_s`` it gives the slowdown background work causes.
     ``recent_iter_time_s`` is the median of the last :data:`RECENT` clean iterations: the
     reference for the steps right after a checkpoint (a machine whose speed drifts, or a
@@ -151,6 +153,8 @@ class Profiler:
         self._since_clean = 0  # loaded iterations recorded since the last clean one
         self._refreshing = False
         self._last_kind: str | None = None  # where the newest iteration went: "clean", "loaded" or None
+        self._last_giant = False  # whether the newest iteration was a giant
+        self.giant_rates = GiantRates()  # giant iterations among clean and loaded ones (under the lock)
 
     def record_iteration(self, seconds: float, loaded: bool = False) -> None:
         """One iteration's duration, its own checkpoint stall already subtracted.
@@ -164,6 +168,9 @@ class Profiler:
             if self._iterations <= self._warmup or seconds < 0:
                 return
             self._last_kind = "loaded" if loaded else "clean"
+            giant = is_giant(seconds, self._iter.median())
+            self.giant_rates.count(loaded, giant)
+            self._last_giant = giant
             if loaded:
                 self._loaded_iter.append(seconds)
                 self._since_clean += 1
@@ -198,6 +205,11 @@ class Profiler:
         """
         with self._lock:
             self._changed()
+            if self._last_kind is not None:
+                loaded = self._last_kind == "loaded"
+                self.giant_rates.count(loaded, self._last_giant, -1)
+                self._last_giant = is_giant(seconds, self._iter.median())
+                self.giant_rates.count(loaded, self._last_giant)
             if self._last_kind == "clean" and self._iter and self._recent:
                 self._iter.replace_last(max(0.0, seconds))
                 self._recent.replace_last(max(0.0, seconds))
@@ -238,7 +250,8 @@ class Profiler:
             if self._estimates is not None:
                 return self._estimates
             clean = self._iteration_estimate()
-            loaded_mean, loaded_sd = _capped_mean_sd(self._loaded_iter, clean)
+            loaded_mean, loaded_sd, loaded_n = _loaded_figures(self._loaded_iter, clean,
+                                                               self.giant_rates.checkpoint_caused())
             checkpoint_bytes = self._bytes.median()
             self._estimates = Estimates(
                 iter_time_s=clean,
@@ -246,7 +259,7 @@ class Profiler:
                 persist_s=_median(self._persist),
                 checkpoint_bytes=int(checkpoint_bytes) if checkpoint_bytes is not None else None,
                 loaded_iter_time_s=loaded_mean,
-                loaded_iterations=len(self._loaded_iter),
+                loaded_iterations=loaded_n,
                 loaded_sd_s=loaded_sd,
                 recent_iter_time_s=_median(self._recent),
                 iter_sd_s=_robust_sd(self._iter),
@@ -269,23 +282,33 @@ class Profiler:
 
 
 #: Loaded iterations count at most this many clean iteration times in the slowdown mean.
-OUTLIER_CAP = 5.0
+OUTLIER_CAP = GIANT_FACTOR
 
 
-def _capped_mean_sd(values: SortedWindow, clean: float | None) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation of ``values``, each capped at OUTLIER_CAP x the clean
-    median (mean None when empty, standard deviation None below two values).
+def _loaded_figures(values: SortedWindow, clean: float | None,
+                    giants_caused: bool) -> tuple[float | None, float | None, int]:
+    """Mean, sample standard deviation and count of the loaded iterations ``values`` (mean None
+    when none counts, standard deviation None below two).
 
     The mean (not the median) keeps the whole cost of a persist that slows a few iterations a
-    lot; the cap stops one extreme outlier (a page-cache flush) from turning it into a
-    1000% slowdown.
+    lot. An iteration over OUTLIER_CAP × the clean median (a giant, :mod:`.giant_steps`) is
+    left out while giants are not clearly the checkpoints' (a machine's stall that happened to
+    fall during a persist); once they are, it counts capped at that, so that one page-cache
+    flush cannot turn into a 1000% slowdown.
     """
     cap = OUTLIER_CAP * clean if clean is not None and clean > 0 else math.inf
-    figures = values.capped_mean_sd(cap)
-    if figures is None:
-        return None, None
-    mean, sd = figures
-    return mean, (sd if len(values) > 1 else None)
+    if giants_caused:
+        figures = values.capped_mean_sd(cap)
+        if figures is None:
+            return None, None, 0
+        mean, sd = figures
+        n = len(values)
+    else:
+        below = values.mean_sd_below(cap)
+        if below is None:
+            return None, None, 0
+        mean, sd, n = below
+    return mean, (sd if n > 1 else None), n
 
 
 def _robust_sd(values: SortedWindow) -> float | None:

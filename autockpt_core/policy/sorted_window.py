@@ -15,7 +15,7 @@ Threading: none of its own; the profiler calls it under its lock.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from typing import Iterator
 
@@ -99,6 +99,16 @@ class SortedWindow:
                 self._cache["mean_sd"] = mean_sd(self._sorted)
             return self._cache["mean_sd"]  # type: ignore[return-value]
         return mean_sd([min(v, cap) for v in self._sorted])
+
+    def mean_sd_below(self, cap: float) -> tuple[float, float, int] | None:
+        """``stats.mean_sd`` of the values ≤ ``cap``, and how many (None when there is none)."""
+        kept = self._sorted[: bisect_right(self._sorted, cap)]
+        if not kept:
+            return None
+        if len(kept) == len(self._sorted):
+            mean, sd = self.capped_mean_sd(cap)  # type: ignore[misc]  # the kept plain figures
+            return mean, sd, len(kept)
+        return (*mean_sd(kept), len(kept))
 
     def _remove_sorted(self, value: float) -> None:
         del self._sorted[bisect_left(self._sorted, value)]

@@ -4,12 +4,14 @@ Acceptance: after the drift the interval adapts within a few checkpoints, the me
 returns under the budget, and the interval does not oscillate. No real sleeping anywhere.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from autockpt_core import CheckpointSession, Config, Snapshot
 from autockpt_core.persist.storage import LocalStorage
-from autockpt_core.policy.adaptive import AdaptiveTuner
+from autockpt_core.policy.adaptive import AdaptiveTuner, Window
 from autockpt_core.policy.adjusters import adjusters_from_config
 from autockpt_core.policy.dryrun import Scenario, constant, dry_run, switch
 from autockpt_core.policy.frontload import FrontLoadedSchedule
@@ -158,3 +160,35 @@ def test_the_budget_is_approached_from_below_from_the_first_checkpoints() -> Non
     # the first ~8 checkpoints keep the budget (a mean of a noisy first measurement did not)
     assert float(np.median(early)) <= BUDGET and max(early) <= 1.05 * BUDGET, early
     assert all(177 <= k <= 2 * 177 for k in final), final  # converged, and not over-cautious
+
+
+STEADY = Scenario(iter_time=constant(0.1), stall=constant(0.05), persist=constant(1.0))
+
+
+@pytest.mark.parametrize("after_checkpoint", [2, 20], ids=["during a persist", "between persists"])
+def test_one_machine_stall_moves_no_interval(after_checkpoint: int) -> None:
+    plain = dry_run(CFG, STEADY, 6000, [AdaptiveTuner(CFG)])
+    at = next(c.step for c in plain.checkpoints if c.step > 3000) + after_checkpoint
+    stalled = dataclasses.replace(STEADY, iter_time=lambda k: 20.0 if k == at else 0.1)
+    tuner = AdaptiveTuner(CFG)
+    trace = dry_run(CFG, stalled, 6000, [tuner])
+    assert trace.intervals() == plain.intervals()
+    assert tuner.changes == [] and tuner.giants.giants == 1 and not tuner.giants.checkpoint_caused()
+
+
+def test_stalls_every_persist_causes_lengthen_the_interval() -> None:
+    caused = dataclasses.replace(STEADY, slowdown=switch(3000, 0.0, 9.0))  # loaded steps take 1 s from step 3000
+    tuner = AdaptiveTuner(CFG)
+    trace = dry_run(CFG, caused, 6000, [tuner])
+    assert tuner.giants.checkpoint_caused()
+    assert [c.direction for c in tuner.changes] == ["lengthen"]
+    assert trace.intervals()[-1] > 10 * trace.intervals()[0]
+    untuned = dry_run(CFG, caused, 6000, [])
+    assert trace.overhead(4000, 6000) <= BUDGET < untuned.overhead(4000, 6000)
+
+
+def test_a_window_leaves_out_its_giant_loaded_steps_only_on_request() -> None:
+    window = Window(10, 100, 30.0, 0.1, 0.0, 80, loaded_giants=(20.0,))
+    assert window.cost(0.1) == pytest.approx(20.0)
+    assert window.without_giants().cost(0.1) == pytest.approx(0.1)  # 99 steps in 10.0 s
+    assert Window(10, 100, 10.0, 0.1).without_giants() == Window(10, 100, 10.0, 0.1)

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import random
 import statistics
@@ -116,6 +117,8 @@ def test_the_summary_line_prints_the_measured_overhead_with_its_band() -> None:
         overhead_band=0.004,
     )  # fmt: skip
     assert "overhead 1.50% ±0.40% (budget 2.00%)," in summary.line()
+    stalled = dataclasses.replace(summary, left_out_steps=2, left_out_s=40.5)
+    assert "(budget 2.00%), 2 stalled steps (40.5s) left out as the machine's, interval" in stalled.line()
 
 
 @pytest.mark.parametrize(
@@ -138,3 +141,48 @@ def test_the_hooks_own_time_is_counted_in_every_step(steps, hooks, warmup, value
         meter.hooks(hook)
     reading = meter.reading()
     assert reading.value == (pytest.approx(value) if value is not None else None)
+
+
+def _blocks(cycles: int, loaded_step: float, giant_at: dict[int, float] | None = None) -> list[tuple[float, bool]]:
+    """``cycles`` of 90 clean steps of 0.1 s then 10 loaded ones of ``loaded_step``; ``giant_at``
+    replaces the step at an index with a stall."""
+    steps = ([(0.1, False)] * 90 + [(loaded_step, True)] * 10) * cycles
+    for i, seconds in (giant_at or {}).items():
+        steps[i] = (seconds, steps[i][1])
+    return steps
+
+
+@pytest.mark.parametrize(
+    "giant_at, value, left_out",
+    [
+        ({}, 1.0 / 100.0, 0),  # 10 loaded steps of 0.11 s per cycle: +1%
+        ({95: 20.0}, 0.99 / 99.9, 1),  # one 20 s stall during a persist: left out of both sides
+        ({40: 20.0}, 1.0 / 99.9, 1),  # one in a clean step: left out too (the mean stays 0.1 s)
+        ({40: 20.0, 250: 20.0, 95: 20.0}, 0.99 / 99.7, 3),  # as frequent in clean steps as in loaded ones
+    ],
+)
+def test_a_machines_stall_is_left_out_of_both_sides_and_counted(giant_at: dict[int, float], value: float,
+                                                                 left_out: int) -> None:
+    reading = meter_of(_blocks(10, 0.11, giant_at)).reading()
+    assert reading.value == pytest.approx(value)
+    assert reading.left_out == left_out
+    assert reading.left_out_s == pytest.approx(20.0 * left_out)
+
+
+def test_stalls_every_checkpoint_causes_count_as_its_cost() -> None:
+    stalls = {100 * c + 95: 2.0 for c in range(10)}  # one 2 s step in the loaded steps of every cycle
+    meter = meter_of(_blocks(10, 0.11, stalls))
+    reading = meter.reading()
+    assert meter.giant_rates.checkpoint_caused()
+    assert reading.left_out == 0
+    assert reading.value == pytest.approx((90 * 0.01 + 10 * (2.0 - 0.1)) / (1000 * 0.1))
+
+
+def test_a_revised_step_moves_between_giant_and_normal() -> None:
+    meter = meter_of([(0.1, False)] * 10 + [(0.15, True)])
+    meter.revise_last_step(5.0)  # the slowest rank's time: a stall
+    assert meter.reading().left_out == 1 and meter.giant_rates.loaded_giants == 1
+    meter.revise_last_step(0.15)
+    reading = meter.reading()
+    assert reading.left_out == 0 and meter.giant_rates == type(meter.giant_rates)(10, 0, 1, 0)
+    assert reading.value == pytest.approx(0.05 / 1.1)

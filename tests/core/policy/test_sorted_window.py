@@ -30,12 +30,14 @@ def _check(window: SortedWindow, reference: deque[float], cap: float) -> None:
     assert len(window) == len(reference)
     if not reference:
         assert window.median() is None and window.median_abs_deviation() is None
-        assert window.capped_mean_sd(cap) is None
+        assert window.capped_mean_sd(cap) is None and window.mean_sd_below(cap) is None
         return
     center = statistics.median(reference)
     assert window.median() == center
     assert window.median_abs_deviation() == statistics.median(abs(v - center) for v in reference)
     assert window.capped_mean_sd(cap) == mean_sd([min(v, cap) for v in reference])
+    below = sorted(v for v in reference if v <= cap)
+    assert window.mean_sd_below(cap) == ((*mean_sd(below), len(below)) if below else None)
     assert window.last == reference[-1]
 
 
