@@ -135,24 +135,29 @@ class IndexSkip:
 
     def lookup(self, index: Any) -> Any:
         """A ``PyDataset`` lookup while installed (any thread)."""
-        with self._lock:
+        with self._lock:  # each count is updated before ``remaining`` (see fast_forward)
             if self.remaining <= 0:  # a lookup that was under way while the skip ended
                 return self.original[index]
-            self.remaining -= 1
-            if self.remaining == 0:
-                self.uninstall()
             if self._stand_in is not None and not self._load_all:
                 self.served += 1
+                self._took_one()
                 return self._stand_in
             self.loaded += 1
             if self._load_all:
+                self._took_one()
                 return self.original[index]
             before = capture_shared() if self.check_generators else None
             batch = self.original[index]
             if before is not None and capture_shared() != before:
-                self._draws_seen(type(self.original).__name__)
+                self._draws_seen(type(self.original).__name__, self.remaining - 1)
             self._stand_in = batch
+            self._took_one()
             return batch
+
+    def _took_one(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.uninstall()
 
     def fast_forward(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """A ``DataLoader``'s new iterator, its first ``count`` batches skipped by index (one
@@ -160,13 +165,15 @@ class IndexSkip:
         next_index = getattr(iterator, "_next_index", None)
         if next_index is None or not hasattr(iterator, "_num_yielded"):
             self._load_all = True  # an iterator of another kind: drawn
+        # Each count is updated before ``remaining``: once it reads 0 (another thread may look),
+        # the counts are final.
         while self.remaining > 0:
-            self.remaining -= 1
             try:
                 if self._stand_in is not None and not self._load_all:
                     next_index()  # type: ignore[misc]  # the index the interrupted run loaded here
                     iterator._num_yielded += 1  # type: ignore[attr-defined]
                     self.served += 1
+                    self.remaining -= 1
                     yield self._stand_in
                     continue
                 batch = next(iterator) if self._load_all or not self.check_generators else self._watched_load(iterator)
@@ -174,6 +181,7 @@ class IndexSkip:
                 self.remaining = 0
                 return
             self.loaded += 1
+            self.remaining -= 1
             if self._stand_in is None:
                 self._stand_in = batch
             yield batch
@@ -195,16 +203,16 @@ class IndexSkip:
             batch = next(iterator)
         finally:
             del iterator._next_index  # the iterator's own method again
-        if seen and capture_shared() != seen[0]:
-            self._draws_seen(type(getattr(self.original, "dataset", self.original)).__name__)
+        if seen and capture_shared() != seen[0]:  # this load is still counted in ``remaining``
+            self._draws_seen(type(getattr(self.original, "dataset", self.original)).__name__, self.remaining - 1)
         return batch
 
-    def _draws_seen(self, name: str) -> None:
+    def _draws_seen(self, name: str, others: int) -> None:
         self._load_all = True
         if self.say is not None:
             self.say(
                 f"autockpt: {name}.__getitem__ draws from Python's, numpy's or torch's global generator; on "
-                f"the TensorFlow backend the {self.remaining} other skipped batch(es) are loaded too, so those "
+                f"the TensorFlow backend the {others} other skipped batch(es) are loaded too, so those "
                 "draws stay in sequence"
             )
 
