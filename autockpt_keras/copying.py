@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -193,6 +194,17 @@ def warm_copier(copier: Copier, entries: Sequence[StateEntry]) -> None:
     warm = getattr(copier, "warm", None)
     if warm is not None:
         warm(entries)
+
+
+def settle_copier(copier: Copier) -> float:
+    """Wait until a preparation :func:`warm_copier` started is done (training thread); the
+    seconds waited (0 for copiers without one)."""
+    settle = getattr(copier, "settle", None)
+    if settle is None:
+        return 0.0
+    started = time.perf_counter()
+    settle()
+    return time.perf_counter() - started
 
 
 def _tf_host_view(tensor: Any) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 from autockpt_core import BufferPool, Snapshot
 
 from .checkpoint_file import file_metadata, make_snapshot
-from .copying import Copier
+from .copying import Copier, settle_copier
 from .resume_point import ResumePoint
 from .state import StateEntry, collect_state
 
@@ -53,6 +53,7 @@ class StateSnapshot:
         self.nbytes = 0
 
     def __call__(self, pool: BufferPool[Any]) -> Snapshot:
+        setup = settle_copier(self.copier)  # the read's trace, once: not a per-checkpoint cost
         arrays = self.copier(collect_state(self.model), pool)
         meta = file_metadata(
             step=self.step,
@@ -67,6 +68,7 @@ class StateSnapshot:
         )
         snap = make_snapshot(arrays, meta)  # this module's name: tests/fault/keras_script.py wraps it
         snap.mode = "sync"
+        snap.setup_s = setup
         self.nbytes = snap.nbytes
         return snap
 

@@ -238,3 +238,28 @@ def test_the_overhead_reported_counts_the_slower_steps_after_a_checkpoint_not_on
     assert summary.overhead == pytest.approx((10 * 0.01 + 9 * 0.05) / (100 * 0.101), rel=0.05)
     assert summary.overhead_band is not None and summary.overhead_band < 0.01
     assert session.measured_overhead().value == pytest.approx(summary.overhead)
+
+
+def test_a_one_time_setup_in_a_snapshot_counts_in_the_overhead_not_in_the_stall(tmp_path) -> None:
+    clock = FakeClock()
+    session = CheckpointSession(Config(dirpath=str(tmp_path), warmup_steps=2), framework="np", suffix=".st", clock=clock)
+    state = {"w": np.zeros(4, dtype=np.float32)}
+    session.start(0)
+    for step in range(1, 30):
+        clock.t += 0.1
+        if session.step_end(step).save:
+            copy = make_snapshot(state, clock, 0.01)
+
+            def first_traced(pool, copy=copy):  # the first checkpoint waits 2 s for a trace
+                snap = copy(pool)
+                if session.ledger.checkpoints == 0:
+                    clock.t += 2.0
+                    snap.setup_s = 2.0
+                return snap
+
+            first = session.ledger.checkpoints == 0
+            assert session.save(step, 0, first_traced) == pytest.approx(2.01 if first else 0.01)
+            session.writer.wait()
+            assert session.estimates().stall_s == pytest.approx(0.01)  # what every checkpoint pays
+    assert session.ledger.total_stall == pytest.approx(2.01 + 0.01 * (session.ledger.checkpoints - 1))
+    assert session.measured_overhead().value > 2.0 / (29 * 0.1)  # the run paid it

@@ -162,3 +162,24 @@ def test_under_a_distribution_strategy_the_read_is_prepared_in_the_calling_threa
     with strategy.scope():  # as in fit(): the scope is this thread's
         warm_copier(copier, collect_state(model))
     assert copier._warming is None and copier._reader is not None
+
+
+def test_a_snapshot_reports_the_wait_for_the_reads_preparation_as_one_time_setup() -> None:
+    import keras
+
+    from autockpt_keras.resume_point import ResumePoint
+    from autockpt_keras.snapshot import StateSnapshot
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 8), np.float32), np.ones((4, 2), np.float32), epochs=1, verbose=0)
+    copier = TensorFlowCopier()
+    release = threading.Event()
+    copier._warming = threading.Thread(target=release.wait)  # a trace still running
+    copier._warming.start()
+    threading.Timer(0.3, release.set).start()
+    point = ResumePoint(epoch=1, batches_done=0, iterators_before=0, stream_pos=0, rng_stream={}, rng_step={})
+    first = StateSnapshot(model, copier, "tensorflow", point, step=1, epoch=0, batch=0)(BufferPool())
+    assert first.setup_s >= 0.25  # waited for the trace: the run paid it, later checkpoints do not
+    second = StateSnapshot(model, copier, "tensorflow", point, step=2, epoch=0, batch=0)(BufferPool())
+    assert second.setup_s < 0.05 and second.nbytes == first.nbytes
