@@ -84,8 +84,6 @@ def device_busy_for(backend: str, model: Any) -> Callable[[], bool] | None:
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
     from autockpt_torch.cuda_api import queue_busy_probe
 
     for variable in getattr(model, "variables", None) or []:

@@ -81,8 +81,3 @@ class GiantRates:
             return False
         p_clean = (self.clean_giants + 1) / (self.clean + 2)
         return binomial_tail(self.loaded_giants, self.loaded, p_clean) < SIGNIFICANCE
-
-    def describe(self) -> str:
-        """E.g. "1 of 120 loaded steps and 0 of 900 clean ones over 5× a clean step"."""
-        return (f"{self.loaded_giants} of {self.loaded} loaded steps and {self.clean_giants} of {self.clean} "
-                f"clean ones over {GIANT_FACTOR:g}× a clean step")

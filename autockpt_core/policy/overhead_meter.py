@@ -156,10 +156,8 @@ class OverheadMeter:
             self._loaded_sum += sign * seconds
             return
         if sign > 0:
-            self._clean_n += 1
-            delta = seconds - self._clean_mean
-            self._clean_mean += delta / self._clean_n
-            self._clean_m2 += delta * (seconds - self._clean_mean)
+            self._clean_n, self._clean_mean, self._clean_m2 = _welford_add(
+                self._clean_n, self._clean_mean, self._clean_m2, seconds)
         else:  # Welford, reversed
             if self._clean_n <= 1:
                 self._clean_n, self._clean_mean, self._clean_m2 = 0, 0.0, 0.0
@@ -174,11 +172,8 @@ class OverheadMeter:
         n_c, n_l, m, m2, loaded_sum = self._clean_n, self._loaded_n, self._clean_mean, self._clean_m2, self._loaded_sum
         left_out, left_out_s = 0, 0.0
         if self.giant_rates.checkpoint_caused():
-            for seconds in self._giants[False]:  # Welford, as in _add
-                n_c += 1
-                delta = seconds - m
-                m += delta / n_c
-                m2 += delta * (seconds - m)
+            for seconds in self._giants[False]:
+                n_c, m, m2 = _welford_add(n_c, m, m2, seconds)
             n_l += len(self._giants[True])
             loaded_sum += sum(self._giants[True])
         else:
@@ -192,3 +187,11 @@ class OverheadMeter:
         work = steps * m
         noise = excess_sd(sd, n_l, n_c)
         return Overhead(extra / work, noise / work, steps, left_out, left_out_s)
+
+
+def _welford_add(n: int, mean: float, m2: float, value: float) -> tuple[int, float, float]:
+    """Count, mean and sum of squared deviations with ``value`` added (Welford)."""
+    n += 1
+    delta = value - mean
+    mean += delta / n
+    return n, mean, m2 + delta * (value - mean)

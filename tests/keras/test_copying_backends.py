@@ -183,3 +183,18 @@ def test_a_snapshot_reports_the_wait_for_the_reads_preparation_as_one_time_setup
     assert first.setup_s >= 0.25  # waited for the trace: the run paid it, later checkpoints do not
     second = StateSnapshot(model, copier, "tensorflow", point, step=2, epoch=0, batch=0)(BufferPool())
     assert second.setup_s < 0.05 and second.nbytes == first.nbytes
+
+
+def test_the_device_probe_is_asked_of_a_torch_models_device_and_no_other_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from autockpt_keras.copying import device_busy_for
+
+    on_cpu = [Holder(torch.zeros(2))]
+    assert device_busy_for("tensorflow", type("M", (), {"variables": on_cpu})()) is None
+    assert device_busy_for("torch", type("M", (), {"variables": on_cpu})()) is None
+    assert device_busy_for("torch", type("M", (), {"variables": []})()) is None
+    on_device = type("M", (), {"variables": [Holder(torch.empty(0, device="meta")), Holder(torch.zeros(1))]})()
+    asked: list[object] = []
+    monkeypatch.setattr("autockpt_torch.cuda_api.queue_busy_probe", lambda device: asked.append(device) or (lambda: True))
+    assert device_busy_for("torch", on_device)() is True
+    assert asked == [torch.device("meta")]  # the first variable's device decides

@@ -56,7 +56,6 @@ def test_giants_count_as_the_checkpoints_once_clearly_more_frequent_among_loaded
         rates.count(True, True)
     assert rates.checkpoint_caused() is caused
     assert rates.giants == clean_giants + loaded_giants
-    assert rates.describe().startswith(f"{loaded_giants} of {loaded} loaded steps and {clean_giants} of {clean}")
 
 
 def test_a_step_taken_back_is_no_longer_counted() -> None:
