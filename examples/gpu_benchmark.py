@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from autockpt_bench.study.in_process_ab import Alternation, ab_block, ab_figures  # noqa: E402
+from autockpt_bench.study.in_process_ab import Alternation, ab_block  # noqa: E402
 from autockpt_bench.study.report import ab_band, ab_verdict  # noqa: E402
 from autockpt_bench.workers.hooks import log_calls  # noqa: E402
 from autockpt_bench.workers.stacked_linear import StackedLinear  # noqa: E402
@@ -692,10 +692,7 @@ def ab_section(
             auto_kwargs = dict(resume=False, every_n_steps=every, save_on_train_end=False)
             run = fit(device, width, steps, directory, auto_kwargs, timed_steps=False, alternation=alternation,
                       max_seconds=3 * need + 10)
-            durations = {s: t for s, t in run.extra.pop("step_s").items() if s > warmup}
-            on = {s: alternation.is_on(s) for s in durations}
-            figures = ab_figures(durations, on, alternation.busy_after, alternation.loaded, guard=block // 2,
-                                 outlier_factor=None)
+            figures = alternation.figures(run.extra.pop("step_s"), outlier_factor=None)
             n = len(figures["ab_cycles"])
             band = ab_band(figures["ab_noise"], n)
             overhead = figures["ab_overhead"]

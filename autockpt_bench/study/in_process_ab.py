@@ -29,8 +29,8 @@ on blocks: its loaded steps against its clean steps of the same blocks
 in steps the meter takes as clean.
 
 Call order (training thread): :class:`Alternation` ``attach(session)`` once the session exists,
-then ``step_done(step, seconds)`` after every step; :func:`ab_figures` at the end. Pure apart
-from the session it wraps: no clock, no threads.
+then ``step_done(step)`` after every step; ``figures(durations)`` (:func:`ab_figures`) at the
+end. Pure apart from the session it wraps: no clock, no threads.
 """
 
 from __future__ import annotations
@@ -100,6 +100,15 @@ class Alternation:
         session.step_end = step_end
         session.ledger.step = ledger_step
         self._session = session
+
+    def figures(self, durations: Mapping[int, float],
+                outlier_factor: float | None = OUTLIER_FACTOR) -> dict[str, Any]:
+        """:func:`ab_figures` of per-step ``durations`` (global step → seconds; the warm-up's
+        are dropped) in this alternation's blocks, the spill guard half a block."""
+        kept = {s: t for s, t in durations.items() if s > self.warmup}
+        on = {s: self.is_on(s) for s in kept}
+        return ab_figures(kept, on, self.busy_after, self.loaded, guard=self.block // 2,
+                          outlier_factor=outlier_factor)
 
     def step_done(self, step: int) -> None:
         """Global step ``step`` ended (after every callback's hook): note whether a persist still runs."""

@@ -285,7 +285,7 @@ def run_train(job: Job) -> None:
         if auto is not None:
             result.update(reported_overhead(auto.session))
         if alternation is not None:
-            result.update(ab_result(timeline, alternation, warmup))
+            result.update(ab_result(timeline, alternation))
         finish_train(job.spec, result, weights_of(model))  # ends the process
 
     job.fit(model, callbacks + [make_probe(model, job.spe, on_step, begin)])

@@ -257,7 +257,7 @@ def train(workload: Workload, method: dict[str, Any], spec: dict[str, Any]) -> N
             **(reported_overhead(callback.session) if name.startswith("autockpt") else {}),
         }
         if probe.alternation is not None:
-            result.update(ab_result(probe.timeline, probe.alternation, int(spec["warmup"])))
+            result.update(ab_result(probe.timeline, probe.alternation))
         finish_train(spec, result, models.trainable_weights(model))
 
     probe.at_last_step = finish

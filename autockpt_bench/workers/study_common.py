@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..study.in_process_ab import Alternation, ab_figures
+from ..study.in_process_ab import Alternation
 from ..study.protocol import EventLog, read_spec, write_json
 from ..study.workloads import Workload
 from .hooks import wrap_call
@@ -161,14 +161,12 @@ def reported_overhead(session: Any) -> dict[str, Any]:
             "final_interval_steps": interval.steps if interval is not None else None}
 
 
-def ab_result(timeline: Timeline, alternation: Alternation, warmup: int) -> dict[str, Any]:
-    """The in-process A/B's figures (:func:`~autockpt_bench.study.in_process_ab.ab_figures`)
-    of a run whose steps ``timeline`` recorded; the spill guard is half a block."""
+def ab_result(timeline: Timeline, alternation: Alternation) -> dict[str, Any]:
+    """The in-process A/B's figures (:meth:`~autockpt_bench.study.in_process_ab.Alternation.figures`)
+    of a run whose steps ``timeline`` recorded."""
     ends = timeline.step_end
-    durations = {s: ends[s] - ends[s - 1] for s in ends if s > warmup and s - 1 in ends}
-    on = {s: alternation.is_on(s) for s in durations}
-    figures = ab_figures(durations, on, alternation.busy_after, alternation.loaded, guard=alternation.block // 2)
-    return {"ab_block": alternation.block, **figures}
+    durations = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends}
+    return {"ab_block": alternation.block, **alternation.figures(durations)}
 
 
 def finish_train(spec: dict[str, Any], result: dict[str, Any], weights: Sequence[np.ndarray]) -> None:

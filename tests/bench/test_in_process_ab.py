@@ -149,3 +149,14 @@ def test_without_an_outlier_factor_every_step_counts() -> None:
     figures = ab_figures(*_run(on_block, [0.010] * 12, cycles=2, loaded={3}), guard=0, outlier_factor=None)
     assert figures["ab_overhead"] == pytest.approx(0.070 / 0.120)
     assert figures["ab_excluded"] == []
+
+
+def test_the_alternation_figures_its_blocks_without_the_warm_up() -> None:
+    ab = Alternation(block=12, warmup=6)
+    after, _, busy, flags = _run([0.011] * 12, [0.010] * 12, cycles=2)
+    durations = {s + 6: t for s, t in after.items()} | {s: 9.0 for s in range(1, 7)}  # a slow warm-up
+    ab.busy_after = {s + 6: b for s, b in busy.items()}
+    ab.loaded = {s + 6: f for s, f in flags.items()}
+    figures = ab.figures(durations)
+    assert figures == ab_figures(*_run([0.011] * 12, [0.010] * 12, cycles=2), guard=6)
+    assert figures["ab_overhead"] == pytest.approx(0.1)
