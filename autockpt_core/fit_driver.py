@@ -29,6 +29,13 @@ Deferral: a checkpoint due at a boundary the adapter reports ``unclean`` (one a 
 cannot continue from exactly) is taken at the next boundary, once: Lightning's next step end,
 Keras' next epoch start. With ``signals_wait=True`` a signal there waits too (Lightning: the
 run is stopped at the next clean step); otherwise a signal checkpoints at once.
+
+Preparation: a checkpoint the policy calls due while a one-time preparation of the snapshot
+still runs in the background (the session's buffer prefault, the adapter's ``preparing``, e.g.
+TensorFlow tracing its batched read) would wait for the rest of it on the training thread. It
+is taken at the first step end after the preparation finished instead, at most
+``PREPARATION_WAIT_S`` of training later (then it waits). A signal's checkpoint, the final one
+and those of ``every_n_steps`` (exact steps asked for) are not put off.
 """
 
 from __future__ import annotations
@@ -54,11 +61,12 @@ from .preemption import Preempted, PreemptionHandler, PreemptionRecord
 from .session import CheckpointSession
 from .summary import RunSummary
 
-__all__ = ["FINAL_REASON", "Due", "FitDriver", "FitRecords"]
+__all__ = ["FINAL_REASON", "PREPARATION_WAIT_S", "Due", "FitDriver", "FitRecords"]
 
 log = logging.getLogger("autockpt")
 
 FINAL_REASON = "end of training"
+PREPARATION_WAIT_S = 30.0  # the longest a due checkpoint waits for a one-time preparation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +95,20 @@ class _Deferral:
         return f"{self.reason} (deferred from step {self.step})"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Waiting:
+    """A due checkpoint put off while a one-time preparation runs (process 0)."""
+
+    step: int
+    reason: str
+    since: float  # the driver's clock when it was first due
+
+    def reason_at(self, step: int) -> str:
+        if step == self.step:
+            return self.reason
+        return f"{self.reason} (deferred from step {self.step}: a one-time preparation was still running)"
+
+
 class FitDriver:
     """One ``fit()``'s checkpoints on this process; see the module docstring for the call order.
 
@@ -99,7 +121,9 @@ class FitDriver:
     the session must not be waited for. ``nothing_left``: the message when a resumed run had
     nothing left to train. ``device_busy()`` (training thread, end of each step's hook): whether
     the accelerator still has queued work, i.e. the host runs ahead of it and the hook's time
-    is hidden (None: the host's time is the cost, as on a CPU).
+    is hidden (None: the host's time is the cost, as on a CPU). ``preparing()`` (training
+    thread, process 0, when a checkpoint is due): whether the adapter's own one-time
+    preparation of the snapshot still runs (see "Preparation" in the module docstring).
     """
 
     def __init__(
@@ -116,6 +140,7 @@ class FitDriver:
         drain: Callable[[bool], bool] | None = None,
         nothing_left: Callable[[], str] | None = None,
         device_busy: Callable[[], bool] | None = None,
+        preparing: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config
@@ -129,12 +154,14 @@ class FitDriver:
         self._drain = drain
         self._nothing_left = nothing_left
         self._device_busy = device_busy
+        self._preparing = preparing
         self._clock = clock
         self._step_clock = StepClock(clock)
         self._finish_lock = threading.Lock()
         self._finished = False
         self._late_signal: int | None = None
         self._deferral: _Deferral | None = None
+        self._waiting: _Waiting | None = None
         self._logged_interval: int | None = None
         self._recording_s = 0.0  # the previous step's session.hook_time call
         self.events: list[CheckpointEvent] = []
@@ -231,7 +258,7 @@ class FitDriver:
                     prepare(session)
                 every_step = loss is not None and self.config.schedule == "front_loaded"
                 decision = session.step_end(step, loss=float(loss) if every_step else None)
-                save, reason = decision.save, decision.reason
+                save, reason = self._unless_preparing(step, session, decision.save, decision.reason)
             except Exception as exc:  # a background write error: every process stops with it
                 error = exc
         signum = self._signum()
@@ -288,6 +315,7 @@ class FitDriver:
         deferred one still due; none when the newest checkpoint holds ``step``, nothing was
         trained, or process 0's last loss is not finite (a warning names the checkpoint kept)."""
         deferral, self._deferral = self._deferral, None
+        self._waiting = None  # the final checkpoint follows
         deferred = deferral.reason if deferral is not None else None
         reason = deferred if deferred is not None and not self.save_on_train_end else FINAL_REASON
         take = (self.save_on_train_end or deferred is not None) and self.trained and step != self.saved_step
@@ -347,6 +375,24 @@ class FitDriver:
             log.error("%s", unfinished_message(error, self.config.dirpath))
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _unless_preparing(self, step: int, session: CheckpointSession, save: bool, reason: str) -> tuple[bool, str]:
+        """Process 0, after the decision: a due checkpoint waits while a one-time preparation
+        runs (at most ``PREPARATION_WAIT_S``); one put off is taken once it finished."""
+        waiting = self._waiting
+        if (waiting is None and not save) or self.config.every_n_steps is not None:
+            return save, reason  # every_n_steps: the user asked for these exact steps
+        if not (session.preparing() or (self._preparing is not None and self._preparing())):
+            self._waiting = None
+            return True, waiting.reason_at(step) if waiting is not None else reason
+        now = self._clock()
+        if waiting is None:
+            waiting = _Waiting(step, reason, now)
+        if now - waiting.since < PREPARATION_WAIT_S:
+            self._waiting = waiting
+            return False, reason
+        self._waiting = None
+        return True, waiting.reason_at(step)
 
     def _close(self, failed: bool) -> BaseException | None:
         """Drain the adapter's own work, then finish the session; the first error, returned."""

@@ -274,6 +274,11 @@ class CheckpointSession:
         self.profiler.record_hook(seconds)
         self.ledger.hooks(seconds)
 
+    def preparing(self) -> bool:
+        """Whether a one-time preparation for the next snapshot still runs in the background
+        (the buffers' prefault): a snapshot taken now would wait for it. Training thread."""
+        return self.buffers.prefaulting
+
     def combine_ranks(self, slowest: RankTimes) -> None:
         """Data parallelism: the slowest rank's figures replace this rank's for the step just ended.
 

@@ -65,7 +65,7 @@ from autockpt_core.persist.tensorfile import WRITE_TENSORS
 from autockpt_core.persist.whole_read import ReadWhileVerifying
 
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
-from .copying import Copier, buffer_pool_for, copier_for, device_busy_for, warm_copier
+from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, warm_copier
 from .data_stream import find_epoch_iterator
 from .exact_resume import ExactResume
 from .fit_guard import FitGuard
@@ -212,7 +212,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         driver = self._driver = FitDriver(
             self.config, processes, self.session, self._take, save_on_train_end=self.save_on_train_end,
             preemption=self._guard.preemption, nothing_left=self._nothing_left,
-            device_busy=device_busy_for(backend, self.model),
+            device_busy=device_busy_for(backend, self.model), preparing=lambda: copier_preparing(self._copier),
         )  # fmt: skip
         reads = ReadWhileVerifying(self.session.storage) if self.session is not None else None
         record = driver.resume_record(

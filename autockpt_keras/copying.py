@@ -160,6 +160,10 @@ class TensorFlowCopier:
         self._warming = threading.Thread(target=self._warm, args=(list(entries),), name="autockpt-tf-read-warm")
         self._warming.start()
 
+    def preparing(self) -> bool:
+        """Whether a :meth:`warm` still runs (a copy now would wait for it)."""
+        return self._warming is not None and self._warming.is_alive()
+
     def settle(self) -> None:
         """Wait until a :meth:`warm` still running is done (training thread)."""
         if self._warming is not None:
@@ -192,6 +196,12 @@ def warm_copier(copier: Copier, entries: Sequence[StateEntry]) -> None:
     warm = getattr(copier, "warm", None)
     if warm is not None:
         warm(entries)
+
+
+def copier_preparing(copier: Copier | None) -> bool:
+    """Whether the preparation :func:`warm_copier` started still runs (False for copiers without one)."""
+    preparing = getattr(copier, "preparing", None)
+    return bool(preparing()) if preparing is not None else False
 
 
 def settle_copier(copier: Copier) -> float:

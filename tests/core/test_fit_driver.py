@@ -15,7 +15,7 @@ import pytest
 
 from autockpt_core import Config, Preempted, RunSummary
 from autockpt_core.checkpoint_event import CheckpointEvent
-from autockpt_core.fit_driver import FINAL_REASON, Due, FitDriver
+from autockpt_core.fit_driver import FINAL_REASON, PREPARATION_WAIT_S, Due, FitDriver
 from autockpt_core.persist import CheckpointRecord
 from autockpt_core.policy.decision import Decision
 from autockpt_core.policy.process_group import PeerFailedError, ProcessGroup
@@ -48,6 +48,11 @@ class FakeSession:
         self.mirror = None
         self.last_decision: Decision | None = None
         self.hook_times: list[float] = []
+        self.prefaulting: set[int] = set()  # steps whose decision finds the buffers' prefault running
+        self.step = 0
+
+    def preparing(self) -> bool:
+        return self.step in self.prefaulting
 
     def hook_time(self, seconds: float) -> None:
         self.hook_times.append(seconds)
@@ -62,6 +67,7 @@ class FakeSession:
         if step == self.fail_at:
             raise OSError(f"disk full at step {step}")
         self.losses.append(loss)
+        self.step = step
         reason = self.due.get(step)
         self.last_decision = Decision(save=reason is not None, reason=reason or "")
         return self.last_decision
@@ -477,6 +483,87 @@ def test_a_failure_in_the_last_persist_is_raised_on_every_process(tmp_path: Path
 
     results = on_threads(2, fit)
     assert isinstance(results[0], OSError) and isinstance(results[1], PeerFailedError)
+
+
+WAITED = "(deferred from step 3: a one-time preparation was still running)"
+
+
+@pytest.mark.parametrize(
+    "due, prefaulting, adapter_preparing, expected",
+    [
+        # nothing running: taken where due
+        ({3: "profiling"}, set(), set(), [(3, "profiling")]),
+        # the session's prefault runs at steps 3-4: taken at step 5, saying why
+        ({3: "profiling"}, {3, 4}, set(), [(5, f"profiling {WAITED}")]),
+        # the adapter's own preparation counts the same
+        ({3: "profiling"}, set(), {3, 4, 5}, [(6, f"profiling {WAITED}")]),
+        # both: taken when neither runs any more
+        ({3: "profiling"}, {3}, {4}, [(5, f"profiling {WAITED}")]),
+        # the policy's next decision does not replace the first one still waiting
+        ({3: "profiling", 4: "interval"}, {3, 4}, set(), [(5, f"profiling {WAITED}")]),
+        # a preparation with nothing due puts nothing off
+        ({5: "interval"}, {2, 3, 4}, set(), [(5, "interval")]),
+    ],
+)
+def test_a_due_checkpoint_waits_for_a_one_time_preparation_at_the_next_steps(
+    tmp_path: Path, due: dict[int, str], prefaulting: set[int], adapter_preparing: set[int],
+    expected: list[tuple[int, str]],
+) -> None:  # fmt: skip
+    config = Config(dirpath=str(tmp_path))
+    session = FakeSession(config, due)
+    session.prefaulting = prefaulting
+    taker = Taker()
+    driver = FitDriver(config, ProcessGroup(), session, taker, save_on_train_end=False,  # type: ignore[arg-type]
+                       preparing=lambda: session.step in adapter_preparing)
+    driver.begin(0)
+    run_steps(driver, range(1, 8))
+    assert taker.taken == expected
+
+
+def test_a_preparation_that_lasts_delays_a_checkpoint_no_longer_than_the_limit(tmp_path: Path) -> None:
+    config = Config(dirpath=str(tmp_path))
+    session = FakeSession(config, {2: "profiling"})
+    session.prefaulting = set(range(100))  # never finishes
+    now = [0.0]
+    taker = Taker()
+    driver = FitDriver(config, ProcessGroup(), session, taker, save_on_train_end=False,  # type: ignore[arg-type]
+                       clock=lambda: now[0])
+    driver.begin(0)
+    for step in range(1, 20):
+        driver.step_end(step, loss=1.0)
+        now[0] += PREPARATION_WAIT_S / 10  # every step takes a tenth of the limit
+    # due at step 2 (t = 0.1 limit); at step 12 a whole limit has passed: taken there, waiting
+    assert [s for s, _ in taker.taken] == [12]
+    assert taker.taken[0][1].startswith("profiling (deferred from step 2")
+
+
+def test_every_n_steps_checkpoints_are_taken_at_their_steps_during_a_preparation(tmp_path: Path) -> None:
+    config = Config(dirpath=str(tmp_path), every_n_steps=3)
+    session = FakeSession(config, {3: "every_n_steps=3", 6: "every_n_steps=3"})
+    session.prefaulting = set(range(10))
+    taker = Taker()
+    driver = FitDriver(config, ProcessGroup(), session, taker, save_on_train_end=False)  # type: ignore[arg-type]
+    driver.begin(0)
+    run_steps(driver, range(1, 8))
+    assert taker.taken == [(3, "every_n_steps=3"), (6, "every_n_steps=3")]  # the snapshot waits instead
+
+
+def test_a_signal_and_the_final_checkpoint_do_not_wait_for_a_preparation(tmp_path: Path) -> None:
+    driver, session, taker, handler = make(tmp_path, {2: "profiling"})
+    session.prefaulting = set(range(10))
+    driver.begin(0)
+    run_steps(driver, range(1, 4))
+    assert taker.taken == []
+    driver.final(3)
+    assert taker.taken == [(3, FINAL_REASON)]
+
+    driver, session, taker, handler = make(tmp_path, {2: "profiling"}, on_preempt="continue")
+    session.prefaulting = set(range(10))
+    driver.begin(0)
+    run_steps(driver, range(1, 3))
+    handler.signum = TERM
+    run_steps(driver, range(3, 4))
+    assert taker.taken == [(3, "preempted by SIGTERM")]
 
 
 class TickingClock:

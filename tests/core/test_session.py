@@ -263,3 +263,25 @@ def test_a_one_time_setup_in_a_snapshot_counts_in_the_overhead_not_in_the_stall(
             assert session.estimates().stall_s == pytest.approx(0.01)  # what every checkpoint pays
     assert session.ledger.total_stall == pytest.approx(2.01 + 0.01 * (session.ledger.checkpoints - 1))
     assert session.measured_overhead().value > 2.0 / (29 * 0.1)  # the run paid it
+
+
+def test_the_session_is_preparing_while_its_buffers_prefault_runs(tmp_path) -> None:
+    import threading
+
+    from autockpt_core import BufferPool
+
+    release = threading.Event()
+
+    def allocate(shape, dtype):
+        release.wait()  # a large buffer being faulted in
+        return np.empty(shape, dtype)
+
+    cfg = Config(dirpath=str(tmp_path), async_persist=False)
+    session = CheckpointSession(cfg, framework="np", suffix=".safetensors", buffers=BufferPool(allocate))
+    assert not session.preparing()
+    session.buffers.prefault([("w", (4,), np.float32)])
+    assert session.preparing()
+    release.set()
+    session.buffers.settle()
+    assert not session.preparing()
+    session.close()

@@ -198,3 +198,18 @@ def test_the_device_probe_is_asked_of_a_torch_models_device_and_no_other_backend
     monkeypatch.setattr("autockpt_torch.cuda_api.queue_busy_probe", lambda device: asked.append(device) or (lambda: True))
     assert device_busy_for("torch", on_device)() is True
     assert asked == [torch.device("meta")]  # the first variable's device decides
+
+
+def test_the_copier_is_preparing_while_its_reads_trace_runs_and_not_after() -> None:
+    from autockpt_keras.copying import copier_preparing
+
+    copier = TensorFlowCopier()
+    assert not copier_preparing(copier)  # nothing started
+    release = threading.Event()
+    copier._warming = threading.Thread(target=release.wait)  # a trace still running
+    copier._warming.start()
+    assert copier_preparing(copier)
+    release.set()
+    copier.settle()
+    assert not copier_preparing(copier)
+    assert not copier_preparing(torch_copy) and not copier_preparing(None)  # copiers without a warm-up
