@@ -263,7 +263,7 @@ class CheckpointSession:
         if loss is not None:
             self._last_loss = float(loss)
         step_loss = self._last_loss if loss is not None else None  # the policy sees this step's loss only
-        decision = self.policy.decide(step, now, self.profiler.estimates(), writer.busy, loss=step_loss)
+        decision = self.policy.decide(step, now, self.profiler.step_reading(), writer.busy, loss=step_loss)
         self.last_decision = decision
         return decision
 

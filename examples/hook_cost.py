@@ -78,6 +78,7 @@ def _engine_parts(timings: Timings) -> None:
     timings.wrap(CheckpointSession, "step_end", "    session.step_end")
     timings.wrap(Profiler, "record_iteration", "      profiler.record_iteration")
     timings.wrap(Profiler, "estimates", "      profiler.estimates")
+    timings.wrap(Profiler, "step_reading", "      profiler.step_reading")
     timings.wrap(CheckpointPolicy, "decide", "      policy.decide")
 
 

@@ -202,9 +202,17 @@ class CheckpointPolicy:
         self.current: IntervalChoice | None = None
         self.deferred = 0
         self.end_step: int | None = None
+        self._chosen: tuple[Estimates, IntervalChoice] | None = None  # the last reading's choice
 
     def _observers(self) -> list[Adjuster]:
         return [a for a in self.adjusters if isinstance(a, Adjuster)]
+
+    def _chosen_for(self, est: Estimates) -> IntervalChoice:
+        """:func:`choose_interval` for ``est``, computed once per reading (a per-step decision
+        reuses one reading for several steps: :meth:`Profiler.step_reading`)."""
+        if self._chosen is None or self._chosen[0] is not est:
+            self._chosen = (est, choose_interval(self.config, est))
+        return self._chosen[1]
 
     def start(self, now: float, step: int = 0) -> None:
         """Mark the start of training (or of the resumed run) at ``step``."""
@@ -234,7 +242,7 @@ class CheckpointPolicy:
             adj.observe_step(step, now, persist_busy, loss)
         cfg = self.config
         if cfg.every_n_steps is not None:
-            self.current = choose_interval(cfg, est)
+            self.current = self._chosen_for(est)
             if step > 0 and step % cfg.every_n_steps == 0 and step != self._last_step:
                 return Decision(True, f"every_n_steps={cfg.every_n_steps}", self.current)
             return Decision(False, "fixed interval not reached", self.current)
@@ -274,7 +282,7 @@ class CheckpointPolicy:
 
     def interval(self, est: Estimates, now: float) -> IntervalChoice:
         """The interval in force now: :func:`choose_interval` passed through the adjusters."""
-        choice = choose_interval(self.config, est)
+        choice = self._chosen_for(est)
         elapsed = now - (self._start if self._start is not None else now)
         for adj in self.adjusters:
             choice = adj(choice, est, elapsed)

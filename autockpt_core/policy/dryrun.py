@@ -100,7 +100,7 @@ def dry_run(
         step_end.append(now)
         ideal.append(t)
         loss = scenario.loss(step)
-        decision = policy.decide(step, now, profiler.estimates(), busy, loss=loss)
+        decision = policy.decide(step, now, profiler.step_reading(), busy, loss=loss)
         if decision.save:
             stall = scenario.stall(step)
             now += stall

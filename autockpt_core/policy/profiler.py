@@ -121,6 +121,12 @@ class Estimates:
 MIN_LOADED = 3
 #: Fresh clean iterations needed before a re-measured iteration time is trusted again.
 REFRESH_SAMPLES = 3
+#: A per-step decision (:meth:`Profiler.step_reading`) reuses a ready reading until more than
+#: this many new samples (iteration and hook times: two per step) arrived since it was taken.
+#: Recomputing the window statistics at every step was a third of the step hook's cost, and a
+#: median over a 50-step window moves little in 8 steps. A stall, a persist time or a changed
+#: window (re-measuring) always gives a fresh reading.
+STEP_READING_SAMPLES = 16
 #: Clean iterations in ``Estimates.recent_iter_time_s``.
 RECENT = 5
 #: Clean iterations needed before ``Estimates.iter_sd_s`` is given.
@@ -146,7 +152,8 @@ class Profiler:
         self._persist = SortedWindow(window)
         self._bytes = SortedWindow(window)
         self._hook = SortedWindow(window)
-        self._estimates: Estimates | None = None  # the reading since the last record, if taken
+        self._estimates: Estimates | None = None  # the newest reading, until a stall, persist or reset
+        self._samples_since = 0  # iteration and hook samples recorded since that reading
         self._iterations = 0
         self._checkpoints = 0
         self._window = window
@@ -162,7 +169,7 @@ class Profiler:
         ``loaded`` marks iterations that overlapped a snapshot copy or a persist.
         """
         with self._lock:
-            self._changed()
+            self._samples_since += 1
             self._iterations += 1
             self._last_kind = None
             if self._iterations <= self._warmup or seconds < 0:
@@ -182,12 +189,14 @@ class Profiler:
                     # policy pauses checkpoints for those few steps.
                     self._iter.clear()
                     self._refreshing = True
+                    self._changed()
             else:
                 self._iter.append(seconds)
                 self._recent.append(seconds)
                 self._since_clean = 0
-                if len(self._iter) >= REFRESH_SAMPLES:
+                if self._refreshing and len(self._iter) >= REFRESH_SAMPLES:
                     self._refreshing = False
+                    self._changed()
 
     def record_hook(self, seconds: float) -> None:
         """autockpt's own work in the hook of the iteration just recorded took ``seconds``
@@ -195,7 +204,7 @@ class Profiler:
         with self._lock:
             if self._iterations <= self._warmup:
                 return
-            self._changed()
+            self._samples_since += 1
             self._hook.append(max(0.0, seconds))
 
     def revise_last_iteration(self, seconds: float) -> None:
@@ -204,7 +213,7 @@ class Profiler:
         A no-op when that iteration was not kept (warm-up, negative).
         """
         with self._lock:
-            self._changed()
+            self._samples_since += 1
             if self._last_kind is not None:
                 loaded = self._last_kind == "loaded"
                 self.giant_rates.count(loaded, self._last_giant, -1)
@@ -241,33 +250,47 @@ class Profiler:
             self._persist.append(max(0.0, seconds))
 
     def _changed(self) -> None:
-        """A measurement arrived: the kept reading is stale (call with the lock held)."""
+        """A stall, persist or size arrived, or a window was reset: the kept reading is stale
+        for every caller (call with the lock held)."""
         self._estimates = None
 
     def estimates(self) -> Estimates:
         """Current medians; safe to call from any thread. The same object until the next record."""
         with self._lock:
-            if self._estimates is not None:
-                return self._estimates
-            clean = self._iteration_estimate()
-            loaded_mean, loaded_sd, loaded_n = _loaded_figures(self._loaded_iter, clean,
-                                                               self.giant_rates.checkpoint_caused())
-            checkpoint_bytes = self._bytes.median()
-            self._estimates = Estimates(
-                iter_time_s=clean,
-                stall_s=_median(self._stall),
-                persist_s=_median(self._persist),
-                checkpoint_bytes=int(checkpoint_bytes) if checkpoint_bytes is not None else None,
-                loaded_iter_time_s=loaded_mean,
-                loaded_iterations=loaded_n,
-                loaded_sd_s=loaded_sd,
-                recent_iter_time_s=_median(self._recent),
-                iter_sd_s=_robust_sd(self._iter),
-                iterations_seen=self._iterations,
-                checkpoints_seen=self._checkpoints,
-                hook_s=_median(self._hook),
-            )
+            return self._reading(0)
+
+    def step_reading(self) -> Estimates:
+        """The reading a per-step decision uses: like :meth:`estimates`, but a ready reading is
+        kept until more than :data:`STEP_READING_SAMPLES` iteration and hook samples arrived
+        since it was taken (a stall, a persist time or a re-measured window renews it at once)."""
+        with self._lock:
+            kept = self._estimates
+            return self._reading(STEP_READING_SAMPLES if kept is not None and kept.ready else 0)
+
+    def _reading(self, max_age: int) -> Estimates:
+        """The kept reading if at most ``max_age`` samples arrived since, else a new one (lock held)."""
+        if self._estimates is not None and self._samples_since <= max_age:
             return self._estimates
+        clean = self._iteration_estimate()
+        loaded_mean, loaded_sd, loaded_n = _loaded_figures(self._loaded_iter, clean,
+                                                           self.giant_rates.checkpoint_caused())
+        checkpoint_bytes = self._bytes.median()
+        self._estimates = Estimates(
+            iter_time_s=clean,
+            stall_s=_median(self._stall),
+            persist_s=_median(self._persist),
+            checkpoint_bytes=int(checkpoint_bytes) if checkpoint_bytes is not None else None,
+            loaded_iter_time_s=loaded_mean,
+            loaded_iterations=loaded_n,
+            loaded_sd_s=loaded_sd,
+            recent_iter_time_s=_median(self._recent),
+            iter_sd_s=_robust_sd(self._iter),
+            iterations_seen=self._iterations,
+            checkpoints_seen=self._checkpoints,
+            hook_s=_median(self._hook),
+        )
+        self._samples_since = 0
+        return self._estimates
 
     def _iteration_estimate(self) -> float | None:
         """Median of the clean iterations, or None while a stale window is being re-measured."""

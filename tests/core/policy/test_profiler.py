@@ -127,6 +127,34 @@ def test_a_reading_is_kept_until_the_next_measurement() -> None:
     assert readings[-1].loaded_iter_time_s == 0.9 and readings[-1].stall_s == 0.07
 
 
+def test_a_per_step_reading_is_kept_for_a_few_samples_once_ready_and_renewed_by_a_checkpoint() -> None:
+    from autockpt_core.policy.profiler import STEP_READING_SAMPLES
+
+    p = Profiler(warmup_steps=0, window=50)
+    p.record_iteration(0.1)
+    not_ready = p.step_reading()
+    p.record_iteration(0.1)
+    assert p.step_reading() is not not_ready  # not ready yet: every step reads afresh
+    p.record_stall(0.01, 100)
+    p.record_persist(0.5)
+    kept = p.step_reading()
+    assert kept.ready and kept.iter_time_s == pytest.approx(0.1)
+    for _ in range(STEP_READING_SAMPLES // 2):  # a step records its iteration and its hook time
+        p.record_iteration(0.3)
+        p.record_hook(0.001)
+        assert p.step_reading() is kept  # 8 slower steps: the decisions still use the kept reading
+    exact = Profiler(warmup_steps=0, window=50)
+    for seconds in (0.1, 0.1) + (0.3,) * 8:
+        exact.record_iteration(seconds)
+    assert exact.estimates().iter_time_s == pytest.approx(0.3)  # what an exact reading says by now
+    p.record_iteration(0.3)  # one sample more
+    renewed = p.step_reading()
+    assert renewed is not kept and renewed.iter_time_s == pytest.approx(0.3)
+    p.record_iteration(0.3)
+    p.record_stall(0.02, 100)  # a checkpoint: renewed at once
+    assert p.step_reading().checkpoints_seen == 2
+
+
 def test_the_hook_time_is_a_median_without_the_warm_up() -> None:
     p = Profiler(warmup_steps=2, window=10)
     for hook in (0.5, 0.5, 0.001, 0.002, 0.09, 0.002):  # the first two in warm-up; one slow hook
