@@ -43,7 +43,8 @@ class CheckpointStore:
 
     Persist mode (``config.persist_mode``, chosen here and logged): in "process" mode the
     buffers are ``shared_buffers(arena)`` (the adapter's pool over shared memory) and a persist
-    process started at ``open()`` imports ``persist_modules`` ahead of the first checkpoint.
+    process started at ``open()`` imports ``persist_modules`` ahead of the first checkpoint
+    (``resume_record`` opens without starting it: the next ``open()``, at train start, does).
     ``gpu``: the adapter would pin its buffers (then "auto" keeps the writer thread).
     ``on_persisted(seconds)`` is called on the writer thread after each commit.
     """
@@ -109,16 +110,24 @@ class CheckpointStore:
         self.released_bytes = 0
         """The host buffers' size when ``close()`` released them (for the summary)."""
         self._opened = False
+        self._process_started = False
         self._release: weakref.finalize | None = None
 
     # -- opening and closing ----------------------------------------------------------------
 
-    def open(self) -> None:
+    def open(self, start_process: bool = True) -> None:
         """Lock ``dirpath``, probe it, take the mirror, clean up after interrupted writes (when
-        resuming, under the lock), start the persist process. Idempotent; see
+        resuming, under the lock), start the persist process (unless ``start_process`` is
+        False: the next ``open()`` starts it). Idempotent; see
         :mod:`autockpt_core.persist.directory` for what each step raises."""
-        if self._opened:
-            return
+        if not self._opened:
+            self._open_directory()
+        if start_process and not self._process_started:
+            self._process_started = True
+            if self._process is not None:
+                self._process.start()
+
+    def _open_directory(self) -> None:
         mirror = self.mirror.target if self.mirror is not None else None
         store = weakref.ref(self)  # the claim's heartbeat must not keep the store alive
         held = open_directory(
@@ -127,8 +136,6 @@ class CheckpointStore:
             mirror_lost=self.mirror.stop if self.mirror is not None else lambda message: None,
         )  # fmt: skip
         self._opened = True
-        if self._process is not None:
-            self._process.start()
         self._release = weakref.finalize(self, held.release)
 
     def close(self) -> None:
@@ -147,7 +154,7 @@ class CheckpointStore:
                 self._process.close()  # a later open() starts it again
             if self._release is not None:
                 self._release()  # held.release(), once
-            self._release, self._opened = None, False
+            self._release, self._opened, self._process_started = None, False, False
 
     def wait_for_persist_process(self, timeout: float = 60.0) -> bool:
         """Block until the persist process is ready; True at once without one."""
@@ -168,7 +175,7 @@ class CheckpointStore:
         check: Check | None = None,
     ) -> CheckpointRecord | None:
         """See ``CheckpointSession.resume_record``."""
-        self.open()
+        self.open(start_process=False)  # its imports would compete with the resume's load for the CPU
         if not self.config.resume:
             return None
         def newest_in_dirpath() -> CheckpointRecord | None:

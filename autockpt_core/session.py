@@ -200,8 +200,10 @@ class CheckpointSession:
 
         ``before``: a record this returned earlier; only checkpoints committed before it count.
         ``check``: verifies a ``dirpath`` record in place of reading it here (checkpoints written
-        by every process: :class:`~autockpt_core.agreed_check.AgreedCheck`).
-        Opens the session first. A record found makes this session continue its run. With a
+        by every process: :class:`~autockpt_core.agreed_check.AgreedCheck`; one read that
+        verifies and loads: ``ReadWhileVerifying``, Lightning's ``LoadWhileVerifying``).
+        Opens the session first, but leaves the persist process to :meth:`start` (its imports
+        would compete with the resume's load for the CPU). A record found makes this session continue its run. With a
         mirror, the newest of either tier; one only the mirror has is copied into ``dirpath``
         first (``autockpt_core.persist.tiers``), so the record is always ``dirpath``'s.
         """

@@ -3,10 +3,11 @@
 Call order (training thread, every rank):
 
 1. ``load_newest(trainer, driver, storage, verbose)`` in ``on_fit_start``: rank 0 finds the
-   newest valid checkpoint (``FitDriver.resume_record``: every rank gets it), and every rank loads modules and callbacks from it
-   through Lightning's checkpoint connector, so Lightning itself then restores loops,
-   optimizers, schedulers and precision state. The callback's own entry reaches it through
-   ``load_state_dict``.
+   newest valid checkpoint (``FitDriver.resume_record``: every rank gets it), loading each
+   candidate while its checksum is computed (:mod:`.verified_load`), and every rank loads
+   modules and callbacks from it through Lightning's checkpoint connector (rank 0 from what it
+   loaded already), so Lightning itself then restores loops, optimizers, schedulers and
+   precision state. The callback's own entry reaches it through ``load_state_dict``.
 2. ``apply_exact_state(trainer, state, ...)`` in ``on_train_start``: that entry's sampler
    positions and generator states (:func:`autockpt_lightning.resume.restore`), with a
    :class:`~autockpt_core.ResumeNotExactWarning` for whatever cannot be exact.
@@ -35,6 +36,7 @@ from autockpt_core.persist.storage import download
 
 from . import resume as _resume
 from .distributed import LightningRanks, raise_if_any_failed
+from .verified_load import LoadWhileVerifying, fusable, serving
 
 CONTINUES_EXACTLY = "continues_exactly"
 """Manifest meta of a final checkpoint: False when Lightning cannot continue from it exactly."""
@@ -85,11 +87,22 @@ def load_newest(
     if driver.session is None and agreed is not None:
         agreed.follow()  # rank 0's checks of each candidate's files, this rank's share
 
+    def passed_over(record: CheckpointRecord) -> bool:
+        return not record.meta.get(CONTINUES_EXACTLY, True) and _more_to_train(trainer, record)
+
+    restore = connector._restore_modules_and_callbacks
+    # The class's signature: a wrapper around the bound method (a profiler's) may hide it.
+    takes_weights_only = "weights_only" in inspect.signature(type(connector)._restore_modules_and_callbacks).parameters
+    # Rank 0 loads each candidate while verifying it (verified_load.py): the file is read once.
+    loads = None
+    if driver.session is not None and takes_weights_only and fusable(trainer, sharded):
+        loads = LoadWhileVerifying(trainer.strategy, storage, weights_only=not allow_pickle, skip=passed_over)
+
     def pick(session: CheckpointSession) -> CheckpointRecord | None:
-        check = agreed.check if agreed is not None else None
+        check = agreed.check if agreed is not None else loads.check if loads is not None else None
         try:
             record = session.resume_record(check=check)
-            if record is not None and not record.meta.get(CONTINUES_EXACTLY, True) and _more_to_train(trainer, record):
+            if record is not None and passed_over(record):
                 record = _before_final(session, record, verbose, check)
         finally:
             if agreed is not None:
@@ -107,12 +120,13 @@ def load_newest(
     # The manifest's CRC-32 finds torn and corrupted files, not forged ones: whoever can write
     # dirpath (or the mirror) can write a valid record too. So the file is loaded weights only.
     local, copied = node_copy(trainer, path, storage_options)
-    restore = connector._restore_modules_and_callbacks
+    loaded = loads.take(record) if loads is not None else None
     error = None
     try:
-        if "weights_only" in inspect.signature(restore).parameters:
+        if takes_weights_only:
             try:
-                restore(local, weights_only=not allow_pickle)
+                with serving(trainer.strategy, local, loaded):
+                    restore(local, weights_only=not allow_pickle)
             except pickle.UnpicklingError as exc:
                 raise untrusted_load_error(local, path, exc) from None
         else:  # pragma: no cover - older Lightning, which always unpickles fully

@@ -7,6 +7,7 @@ hooks, the writer thread for a persist).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ def wrap_call(obj: Any, name: str, *, before: Callable[..., None] | None = None,
     ``after(seconds, args, result)``, also when the call raised (the exception goes on)."""
     original = getattr(obj, name)
 
+    @functools.wraps(original)  # keeps its signature for code that inspects it
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         if before is not None:
             before(*args, **kwargs)
