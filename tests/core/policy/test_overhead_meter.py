@@ -4,7 +4,7 @@ import random
 import statistics
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from autockpt_core.policy.overhead_meter import Overhead, OverheadMeter, overhead_text
@@ -77,6 +77,7 @@ def test_noise_follows_the_clean_spread_and_the_number_of_loaded_steps() -> None
     st.lists(st.tuples(st.floats(0.001, 1.0), st.booleans()), min_size=3, max_size=40),
     st.floats(0.001, 1.0),
 )
+@example(steps=[(1.0, False), (1.0, True), (0.7439223672590388, False)], new=1.0)  # found by CI
 def test_revising_the_last_step_equals_having_counted_the_new_duration(steps, new) -> None:
     revised = meter_of(steps)
     revised.revise_last_step(new)
@@ -87,7 +88,9 @@ def test_revising_the_last_step_equals_having_counted_the_new_duration(steps, ne
         assert a.value is None
     else:
         assert a.value == pytest.approx(b.value, rel=1e-6, abs=1e-9)
-        assert a.noise == pytest.approx(b.noise, rel=1e-6, abs=1e-9)
+        # The noise is a square root of the clean steps' variance: where that is 0, the rounding
+        # left by taking a step back out of the running sums (about 1e-18) comes out near 1e-9.
+        assert a.noise == pytest.approx(b.noise, rel=1e-6, abs=1e-6)
 
 
 def test_a_warmup_step_is_not_revised() -> None:
