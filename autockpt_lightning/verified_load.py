@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.migration import pl_legacy_patch
 
-from autockpt_core.persist import CheckpointRecord, Storage, verify
+from autockpt_core.persist import CheckpointRecord, Storage, local_size_problem, verify
 
 
 def fusable(trainer: pl.Trainer, sharded: bool) -> bool:
@@ -86,12 +86,8 @@ class LoadWhileVerifying:
         path = self.storage.local_path(record.name) if record.files is None else None
         if path is None or record.algorithm != "crc32" or self.skip(record):
             return verify(self.storage, record)
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            return "file missing"
-        if size != record.size:  # found without reading the file
-            return f"size {size} != {record.size} in manifest (truncated or torn file)"
+        if (found := local_size_problem(path, record)) is not None:
+            return found
         problem: list[str | None] = []
         failed: list[BaseException] = []
 

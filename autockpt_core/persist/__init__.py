@@ -19,7 +19,7 @@ the command line.
 """
 
 from .buffers import BufferPool
-from .manifest import MANIFEST_NAME, CheckpointRecord, find_latest_valid, read_manifest, verify
+from .manifest import MANIFEST_NAME, CheckpointRecord, find_latest_valid, local_size_problem, read_manifest, verify
 from .storage import FsspecStorage, LocalStorage, Storage, WriteResult, location_of, storage_for
 from .tensorfile import read_tensor_file, write_tensor_file
 from .writer import CheckpointWriter, PersistJob
@@ -35,6 +35,7 @@ __all__ = [
     "Storage",
     "WriteResult",
     "find_latest_valid",
+    "local_size_problem",
     "location_of",
     "read_manifest",
     "read_tensor_file",

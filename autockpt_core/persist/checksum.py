@@ -185,11 +185,22 @@ def mismatch(stream: IO[bytes], size: int, checksum: str) -> str | None:
     """Why everything left in ``stream`` is not the ``size`` bytes with ``checksum`` a manifest
     lists (a reason for messages), or None when it is."""
     found, found_size = checksum_stream(stream)
-    if found_size != size:
-        return f"size {found_size} != {size} in manifest (truncated or torn file)"
-    if found != checksum:
-        return f"checksum {found} != {checksum} in manifest (corrupt file)"
-    return None
+    return size_mismatch(found_size, size) or checksum_mismatch(found, checksum)
+
+
+def size_mismatch(found: int, size: int, at_least: bool = False) -> str | None:
+    """Why ``found`` bytes (``at_least``: or more) are not the ``size`` a manifest lists, or None."""
+    if found == size and not at_least:
+        return None
+    more = " or more" if at_least else ""
+    return f"size {found}{more} != {size} in manifest (truncated or torn file)"
+
+
+def checksum_mismatch(found: str, checksum: str) -> str | None:
+    """Why the checksum ``found`` is not the one a manifest lists, or None."""
+    if found == checksum:
+        return None
+    return f"checksum {found} != {checksum} in manifest (corrupt file)"
 
 
 def crc32_blocks(data: Any) -> int:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 import warnings
 from typing import Any, Callable, Iterable
 
-from .checksum import mismatch
+from .checksum import mismatch, size_mismatch
 from .file_set import verify_file_set
 from .storage import Storage, WriteResult
 
@@ -178,6 +179,10 @@ def write_manifest(storage: Storage, records: Iterable[CheckpointRecord]) -> Non
     storage.write_atomic(MANIFEST_NAME, lambda f: f.write(body))
 
 
+MISSING = "file missing"
+"""Why a listed checkpoint is not verified when its file is not there."""
+
+
 def verify(storage: Storage, record: CheckpointRecord) -> str | None:
     """None when the file matches its record, else a reason ("missing", "size ...", ...).
 
@@ -186,11 +191,21 @@ def verify(storage: Storage, record: CheckpointRecord) -> str | None:
     if record.files is not None:
         return verify_file_set(storage, record.name, record.files, record.algorithm)
     if not storage.exists(record.name):
-        return "file missing"
+        return MISSING
     if record.algorithm != "crc32":
         return f"unknown checksum algorithm {record.algorithm!r}"
     with storage.open_read(record.name) as f:
         return mismatch(f, record.size, record.checksum)
+
+
+def local_size_problem(path: str, record: CheckpointRecord) -> str | None:
+    """Why the local file at ``path`` cannot hold ``record``, found without reading it (missing,
+    another size), or None. A resume's single pass checks this before it reads the file."""
+    try:
+        found = os.path.getsize(path)
+    except FileNotFoundError:
+        return MISSING
+    return size_mismatch(found, record.size)
 
 
 def find_latest_valid(

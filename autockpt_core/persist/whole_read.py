@@ -32,8 +32,8 @@ from typing import IO
 
 import numpy as np
 
-from .checksum import CrcHelper, crc32_blocks
-from .manifest import CheckpointRecord, verify
+from .checksum import CrcHelper, checksum_mismatch, crc32_blocks, size_mismatch
+from .manifest import MISSING, CheckpointRecord, local_size_problem, verify
 from .storage import Storage
 
 BLOCK = 32 * 1024 * 1024
@@ -118,22 +118,20 @@ class ReadWhileVerifying:
         self._kept = None  # at most one candidate's bytes in memory
         if record.files is not None or record.algorithm != "crc32":
             return verify(self.storage, record)
-        if not self.storage.exists(record.name):
-            return "file missing"
         path = self.storage.local_path(record.name)
         if path is not None:
-            size = os.path.getsize(path)
-            if size != record.size:  # found without reading the file
-                return f"size {size} != {record.size} in manifest (truncated or torn file)"
+            if (problem := local_size_problem(path, record)) is not None:
+                return problem
             data, crc = map_whole(path)
         else:
+            if not self.storage.exists(record.name):
+                return MISSING
             with self.storage.open_read(record.name) as stream:
                 data, crc = read_whole(stream, record.size)
-        if len(data) != record.size:
-            more = " or more" if len(data) > record.size and path is None else ""
-            return f"size {len(data)}{more} != {record.size} in manifest (truncated or torn file)"
-        if f"{crc:08x}" != record.checksum:
-            return f"checksum {crc:08x} != {record.checksum} in manifest (corrupt file)"
+        at_least = len(data) > record.size and path is None  # read_whole stops a byte past the size
+        problem = size_mismatch(len(data), record.size, at_least) or checksum_mismatch(f"{crc:08x}", record.checksum)
+        if problem is not None:
+            return problem
         self._kept = (record.name, data)
         return None
 
