@@ -121,7 +121,7 @@ class DataStream:
         self._after_next_creation: Callable[[], None] | None = None
         self._undrawn = False  # the current stream has not given a batch yet
         self._fresh = False  # ... and is not even created (Keras creates it at the next batch)
-        self._tracked: Any = None
+        self._tracked: Callable[[], Any] | None = None  # the iterator seen at the last batch end
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_batches = 0
         self._tf_dataset = _tf_dataset(epoch_iterator)
@@ -187,7 +187,7 @@ class DataStream:
         ei = self._ei
         if ei is None:
             return
-        self._tracked = ei._current_iterator
+        self._tracked = _weak(ei._current_iterator)
         num = getattr(ei, "_num_batches", None)
         if ei.steps_per_epoch and num and ei._steps_seen >= num:
             self._pending_rng = self._capture()
@@ -231,8 +231,22 @@ class DataStream:
             and ei.steps_per_epoch is not None
             and ei._current_iterator is not None
             and self._tracked is not None
-            and ei._current_iterator is not self._tracked
+            and ei._current_iterator is not self._tracked()
         )
+
+
+def _weak(iterator: Any) -> Callable[[], Any]:
+    """A weak reference to ``iterator`` where it allows one, else a strong one.
+
+    The stream must not keep an exhausted iterator alive: it is then destroyed where Keras
+    drops it, as without the callback, not later inside a batch hook. Destroying a tf.data
+    iterator can take seconds (its destructor waits for the autotuning thread, which can
+    miss the cancellation's wake-up and sleep out its period), which the callback would
+    otherwise measure as its own time."""
+    try:
+        return weakref.ref(iterator)
+    except TypeError:  # a built-in iterator without weak references
+        return lambda: iterator
 
 
 # -- tf.data iterators created in this process ---------------------------------------------------

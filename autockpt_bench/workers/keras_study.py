@@ -3,7 +3,8 @@
 ``python -m autockpt_bench.workers.keras_study {train,restore,goodput} --spec SPEC.json``
 runs one case of the contract in :mod:`autockpt_bench.study.protocol` on the spec's
 ``keras_backend`` (default tensorflow; set with the thread caps before Keras is imported;
-TensorFlow runs with ``enable_op_determinism``). The models are :mod:`.keras_models`; one epoch
+TensorFlow runs with ``enable_op_determinism`` and tf.data's autotuning off: see
+:func:`input_without_autotuning`). The models are :mod:`.keras_models`; one epoch
 is ``make_data(workload, steps_per_epoch)`` fed as numpy arrays with ``shuffle=False``.
 
 Methods (``train`` and ``restore``): ``none``; ``autockpt`` / ``autockpt-budget``
@@ -122,12 +123,36 @@ def setup_backend(spec: dict[str, Any]) -> str:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(1)
         tf.config.experimental.enable_op_determinism()
+        input_without_autotuning()
     elif backend == "torch":
         import torch
 
         if threads > 0:
             torch.set_num_threads(threads)
     return backend
+
+
+def input_without_autotuning() -> None:
+    """The tf.data input Keras builds from the arrays, with tf.data's autotuning off (every method).
+
+    Destroying an autotuned iterator (Keras drops each epoch's at the next epoch's first batch)
+    waits for its autotuning thread, and that thread can miss the cancellation's wake-up
+    (TensorFlow 2.21: ``CancellationManager`` runs the callbacks before it marks itself
+    cancelled) and sleep out its optimization period, which doubles from 10 ms: a stall of up to
+    ~20 s at an epoch of 20.5-41 s, with or without checkpoints. Which runs meet it depends on
+    where their epoch ends against those periods, not on the method.
+    """
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    original = ArrayDataAdapter.get_tf_dataset
+
+    def get_tf_dataset(self: Any) -> Any:
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return original(self).with_options(options)
+
+    ArrayDataAdapter.get_tf_dataset = get_tf_dataset
 
 
 def weights_of(model: Any) -> list[Any]:

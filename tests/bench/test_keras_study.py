@@ -65,6 +65,22 @@ def test_models_match_param_count() -> None:
         assert trainable_params(model) == param_count(workload), workload.name
 
 
+def test_the_array_input_runs_without_tf_data_autotuning() -> None:
+    """Every method's input: an autotuned iterator's destruction can stall an epoch start for
+    seconds (``input_without_autotuning``), so the worker turns autotuning off for all of them."""
+    code = (
+        "from autockpt_bench.workers.keras_study import setup_backend\n"
+        "setup_backend({'keras_backend': 'tensorflow', 'threads': 1})\n"
+        "import numpy as np\n"
+        "from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter\n"
+        "ds = ArrayDataAdapter(np.ones((8, 2)), np.ones(8), batch_size=4, shuffle=False).get_tf_dataset()\n"
+        "print(ds.options().autotune.enabled, sum(1 for _ in ds))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split()[-2:] == ["False", "2"]  # autotuning off; the same two batches
+
+
 def test_autockpt_train_then_restore_is_exact(tmp_path: Path) -> None:
     method = {"name": "autockpt", "every": 10}
     train = _run(tmp_path, "train", method)
