@@ -14,7 +14,15 @@ the walk through the (shuffled) batch indices, not the loading:
   loader's own, and for its first ``count`` batches it loads the first and then only takes
   the next indices from the loader's sampler (``_next_index``, as the loader itself does
   before each load), so the sampler, its generator and the loader's base seed draw exactly as
-  in the interrupted run.
+  in the interrupted run;
+- a torch ``DataLoader`` with workers (and no ``worker_init_fn``) over a map-style dataset:
+  while its iterator is created, a :class:`_SkippingSampler` stands in for its index sampler.
+  The iterator's first prefetch draws the first skipped batch's indices through it; that batch
+  is loaded in this process (:meth:`IndexSkip.probe`), the other skipped batches' indices are
+  drawn and dropped, and only the rest reach the workers. The sampler and the base seed of
+  the workers draw as in the interrupted run; the workers get other batches than they did
+  (worker ``i`` no longer loads batch ``i`` of the epoch), which changes nothing for a dataset
+  whose loads draw from no generator, and the probe shows whether they do.
 
 Either way the dataset's ``__getitem__`` runs for one skipped batch instead of all of them.
 
@@ -23,20 +31,27 @@ exact on the torch and JAX backends: the generators are set to their state at th
 after the skip, before the next batch is loaded. On TensorFlow, ``tf.data`` loads batches ahead
 in its own thread, before that moment, so such draws must happen in sequence: :class:`IndexSkip`
 compares those generators around the one load (for a ``DataLoader``, after its index is drawn)
-and, if they moved, loads the remaining skipped batches too (and says so). A dataset with a
-generator object of its own is not exact across processes either way (a new process builds
-it afresh).
+and, if they moved, loads the remaining skipped batches too (and says so). A ``DataLoader``'s
+workers draw in processes of their own, on every backend: the probe's load is watched the same
+way and, if it drew (or failed outside a worker), the generators are put back and the workers
+load every skipped batch. A dataset with a generator object of its own is not exact across
+processes either way (a new process builds it afresh); a ``worker_init_fn`` may give each
+worker one, so such a loader is drawn.
 
 Other inputs are drawn (:func:`skip_plan` says why): arrays (a slice of memory per batch),
-``tf.data`` (an iterator cannot jump ahead without computing), a ``PyDataset`` or a
-``DataLoader`` with workers (they load ahead, in their own threads or processes), a
-``DataLoader`` over an ``IterableDataset``, a generator.
+``tf.data`` (an iterator cannot jump ahead without computing), a ``PyDataset`` with workers
+(Keras' enqueuer loads ahead in its own threads or processes), a ``DataLoader`` with workers
+and a ``worker_init_fn`` or with an iterator of another kind (torchdata's
+``StatefulDataLoader``), a ``DataLoader`` over an ``IterableDataset``, a generator.
 
 Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
 ``PyDatasetAdapter.py_dataset``, read at every lookup of its generator, and ``enqueuer``;
 ``TorchDataLoaderAdapter._dataloader``, iterated once per stream. torch internals (2.3 to 2.13,
 and torchdata's ``StatefulDataLoader``): the single-process iterator's ``_next_index`` and
-``_num_yielded``; an iterator without them is drawn.
+``_num_yielded``, an iterator without them is drawn; for workers, that an iterator reads the
+loader's ``batch_sampler`` (``sampler`` without batching) when it is created and draws its
+first indices before it is returned, and ``_DatasetKind.create_fetcher`` (the load the workers
+make); an iterator that had not drawn through the stand-in by then is drawn.
 
 Call order: :func:`skip_plan` when the checkpoint is restored (``on_train_begin``); an
 :class:`IndexSkip` installed in the resumed epoch's ``on_epoch_begin`` (before the epoch's
@@ -51,7 +66,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
-from .rng import capture_shared
+from .rng import capture_shared, restore_shared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +105,15 @@ def skip_plan(epoch_iterator: Any | None, inputs_kind: str) -> SkipPlan:
 
 def _loader_reason(loader: Any) -> str:
     """Why a torch ``DataLoader`` is drawn ('' if it can skip by index)."""
-    if int(getattr(loader, "num_workers", 0) or 0) > 0:
-        return "a DataLoader with workers loads ahead in its worker processes"
-    from torch.utils.data import IterableDataset
+    from torch.utils.data import DataLoader, IterableDataset
 
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         return "a DataLoader over an IterableDataset can only be drawn"
+    if int(getattr(loader, "num_workers", 0) or 0) > 0:
+        if type(loader).__iter__ is not DataLoader.__iter__ or type(loader)._get_iterator is not DataLoader._get_iterator:
+            return f"a {type(loader).__name__} with workers loads ahead in worker processes of its own kind"
+        if getattr(loader, "worker_init_fn", None) is not None:
+            return "a DataLoader with workers and a worker_init_fn: its workers may draw from generators of their own"
     return ""
 
 
@@ -116,6 +134,7 @@ class IndexSkip:
         self.adapter = adapter
         self._slot = "py_dataset" if hasattr(adapter, "py_dataset") else "_dataloader"
         self.original = getattr(adapter, self._slot)
+        self.workers = self._slot == "_dataloader" and int(getattr(self.original, "num_workers", 0) or 0) > 0
         self.remaining = int(count)
         self.check_generators = check_generators
         self.say = say
@@ -187,6 +206,73 @@ class IndexSkip:
             yield batch
         yield from iterator
 
+    def fast_forward_workers(self, loader: Any) -> Iterator[Any]:
+        """A ``DataLoader`` with workers: its new iterator, created while a
+        :class:`_SkippingSampler` stands in for its index sampler, so the skipped batches'
+        indices are passed over before any index reaches a worker (the thread that iterates)."""
+        slot = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        view = _SkippingSampler(self, getattr(loader, slot), loader)
+        # A DataLoader refuses new samplers once built; its iterator reads the index sampler when
+        # it is created (and again at each persistent-workers epoch, which the view passes on).
+        object.__setattr__(loader, slot, view)
+        try:
+            iterator = iter(loader)
+        finally:
+            object.__setattr__(loader, slot, view.original)
+        if not view.started:  # persistent workers' earlier iterator, reset with its own sampler
+            self._load_all = True
+        return self._after_passing_over(iterator, view.passed_over)
+
+    def _after_passing_over(self, iterator: Iterator[Any], passed_over: int) -> Iterator[Any]:
+        """The stand-in for the ``passed_over`` batches, then the workers' batches (the first
+        ``remaining`` of them counted as skipped)."""
+        for position in range(passed_over):
+            if position:
+                self.served += 1
+            else:
+                self.loaded += 1  # the stand-in, loaded by :meth:`probe`
+            self.remaining -= 1
+            yield self._stand_in
+        if passed_over:
+            self.remaining = 0  # a loader shorter than the skip ends with it
+        while self.remaining > 0:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                self.remaining = 0
+                return
+            self.loaded += 1
+            self.remaining -= 1
+            yield batch
+        yield from iterator
+
+    def probe(self, loader: Any, index: Any) -> bool:
+        """Load the first skipped batch (``index``) in this process with the loader's own fetcher,
+        watching the global generators: True if it stands in for the skipped batches; False
+        (said why, the generators put back) if it drew from them or failed, and the workers
+        then load every skipped batch, so their draws stay in sequence."""
+        from torch.utils.data.dataloader import _DatasetKind
+
+        before = capture_shared()
+        name = type(loader.dataset).__name__
+        try:
+            fetcher = _DatasetKind.create_fetcher(
+                _DatasetKind.Map, loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
+            )
+            batch = fetcher.fetch(index)
+        except Exception as error:  # e.g. state its worker_init_fn would have made: the workers load it
+            why = f"{name}'s first skipped batch could not be loaded outside the workers ({type(error).__name__}: {error})"
+        else:
+            why = "" if capture_shared() == before else f"{name}.__getitem__ draws from Python's, numpy's or torch's global generator"
+        if not why:
+            self._stand_in = batch
+            return True
+        restore_shared(before)
+        self._load_all = True
+        if self.say is not None:
+            self.say(f"autockpt: {why}; the DataLoader's workers load the {self.remaining} skipped batch(es)")
+        return False
+
     def _watched_load(self, iterator: Any) -> Any:
         """``next(iterator)``, the generators compared from after its index is drawn (a
         shuffling sampler draws from torch's generator) to after the load."""
@@ -241,6 +327,8 @@ class _FastForward:
 
     def __iter__(self) -> Iterator[Any]:
         self._skip.uninstall()
+        if self._skip.workers:
+            return self._skip.fast_forward_workers(self._skip.original)
         return self._skip.fast_forward(iter(self._skip.original))
 
     def __len__(self) -> int:
@@ -248,3 +336,52 @@ class _FastForward:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._skip.original, name)
+
+
+class _SkippingSampler:
+    """A ``DataLoader``'s index sampler while its iterator with workers is created. Its first pass
+    draws the sampler's first index (batch) and has :meth:`IndexSkip.probe` load it; if that
+    batch stands in, it draws and drops the other skipped batches' indices before yielding the
+    rest, so no worker loads them and the sampler's generator draws as in the interrupted run.
+    Later passes (a persistent-workers iterator's next epochs) are the sampler's own. Runs on
+    the thread that creates the iterator, inside the iterator's first prefetch."""
+
+    def __init__(self, skip: IndexSkip, original: Any, loader: Any) -> None:
+        self.skip = skip
+        self.original = original
+        self.loader = loader
+        self.started = False
+        self.passed_over = 0  # skipped batches whose indices no worker got (the probed one included)
+
+    def __iter__(self) -> Iterator[Any]:
+        # An iterator calls ``iter`` once when built and again in its first reset; only the pass
+        # it draws from counts as the first.
+        return iter(self.original) if self.started else self._first_pass()
+
+    def __len__(self) -> int:
+        return len(self.original)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "original":
+            raise AttributeError(name)
+        return getattr(self.original, name)
+
+    def _first_pass(self) -> Iterator[Any]:
+        self.started = True
+        indices = iter(self.original)
+        try:
+            first = next(indices)
+        except StopIteration:
+            return
+        if not self.skip.probe(self.loader, first):
+            yield first
+            yield from indices
+            return
+        self.passed_over = 1
+        for _ in range(self.skip.remaining - 1):
+            try:
+                next(indices)
+            except StopIteration:
+                return
+            self.passed_over += 1
+        yield from indices

@@ -40,6 +40,16 @@ def capture_shared() -> dict[str, Any]:
     return core_rng.capture_rng()
 
 
+def restore_shared(state: dict[str, Any]) -> None:
+    """Set the generators :func:`capture_shared` captured back to ``state``."""
+    if "torch" in state:
+        from autockpt_torch import rng as torch_rng
+
+        torch_rng.restore_rng(state)
+    else:
+        core_rng.restore_rng(state)
+
+
 def capture(backend: str) -> dict[str, Any]:
     """The state of every global generator of this process, as plain JSON."""
     state = capture_shared()

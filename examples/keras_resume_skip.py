@@ -6,9 +6,10 @@ epoch's ``on_epoch_begin`` to the ``on_train_batch_begin`` of its first trained 
 Inputs: a shuffled ``PyDataset`` whose ``__getitem__`` reads its batch from a ``.npy`` file
 (``--batch`` rows of ``--features`` float32, in the page cache after the first epoch) and
 normalizes it, skipped by index (the default) or drawn (every skipped batch loaded, as before
-the index skip); a shuffled torch ``DataLoader`` (no workers) whose dataset reads each sample
-from the memory-mapped ``.npy`` of all the data and normalizes it, by index or drawn; and the
-same data as numpy arrays (``fit(shuffle=True)``), which are drawn.
+the index skip); a shuffled torch ``DataLoader`` whose dataset reads each sample from the
+memory-mapped ``.npy`` of all the data and normalizes it, without workers and with
+``--workers`` worker processes, by index or drawn; and the same data as numpy arrays
+(``fit(shuffle=True)``), which are drawn.
 Prints a table and writes ``--json``.
 
     python examples/keras_resume_skip.py --backend torch --batches 400 --at 390 --json out.json
@@ -37,6 +38,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--at", type=int, default=390, help="the checkpoint's batch: the resume skips this many")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--features", type=int, default=3072)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of the second DataLoader (0: none)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the results here")
     return parser.parse_args(argv)
@@ -69,8 +71,9 @@ class FileBatches(keras.utils.PyDataset):
         return x, x[:, :1]
 
 
-def torch_loader(path: Path) -> Any:
-    """A shuffled DataLoader over the samples of ``path`` (memory-mapped), each normalized."""
+def torch_loader(path: Path, workers: int = 0) -> Any:
+    """A shuffled DataLoader over the samples of ``path`` (memory-mapped), each normalized,
+    loaded by ``workers`` worker processes (0: in the training process)."""
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -87,7 +90,7 @@ def torch_loader(path: Path) -> Any:
             return torch.from_numpy(x), torch.from_numpy(x[:1])
 
     torch.manual_seed(0)
-    return DataLoader(FileSamples(), batch_size=ARGS.batch, shuffle=True)
+    return DataLoader(FileSamples(), batch_size=ARGS.batch, shuffle=True, num_workers=workers)
 
 
 class SkipTimer(keras.callbacks.Callback):
@@ -141,17 +144,21 @@ def main() -> int:
         "dataloader": ((torch_loader(work / "all.npy"),), {}),
         "arrays": ((x, x[:, :1]), {"batch_size": ARGS.batch}),
     }
+    if ARGS.workers:
+        inputs[f"dataloader, {ARGS.workers} workers"] = ((torch_loader(work / "all.npy", ARGS.workers),), {})
     for name, (data, kwargs) in inputs.items():  # one checkpoint at batch --at, nothing at the end
-        fit(data, work / name, **kwargs)
+        fit(data, work / name.replace(", ", "-").replace(" ", "-"), **kwargs)
     cases = [("pydataset", "by index"), ("pydataset", "drawn"), ("dataloader", "by index"), ("dataloader", "drawn"),
              ("arrays", "drawn")]
+    if ARGS.workers:
+        cases += [(f"dataloader, {ARGS.workers} workers", "by index"), (f"dataloader, {ARGS.workers} workers", "drawn")]
     times: dict[str, list[float]] = {f"{i}, {m}": [] for i, m in cases}
     real_plan = exact_resume.skip_plan
     for _ in range(ARGS.rounds):
         for input_name, mode in cases:
             exact_resume.skip_plan = real_plan if mode == "by index" else forced_draw  # type: ignore[assignment]
             data, kwargs = inputs[input_name]
-            timer = fit(data, work / input_name, **kwargs)
+            timer = fit(data, work / input_name.replace(", ", "-").replace(" ", "-"), **kwargs)
             assert timer.skip_s is not None, "the resumed epoch did not reach the checkpoint's batch"
             times[f"{input_name}, {mode}"].append(timer.skip_s)
     exact_resume.skip_plan = real_plan

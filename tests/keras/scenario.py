@@ -224,9 +224,9 @@ class Batches(keras.utils.PyDataset):
         return x, self.y[rows]
 
 
-def torch_loader(augment: bool) -> Any:
-    """The scenario's data as a shuffled torch DataLoader (no workers) over a map-style
-    dataset; ``augment``: each sample gets noise from torch's global generator."""
+def torch_loader(augment: bool, workers: int = 0) -> Any:
+    """The scenario's data as a shuffled torch DataLoader with ``workers`` worker processes
+    over a map-style dataset; ``augment``: each sample gets noise from torch's global generator."""
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -244,22 +244,33 @@ def torch_loader(augment: bool) -> Any:
             return x, torch.from_numpy(self.y[i])
 
     torch.manual_seed(SEED)  # the shuffle draws from torch's generator on every backend
-    return DataLoader(Samples(), batch_size=BATCH, shuffle=True)
+    return DataLoader(Samples(), batch_size=BATCH, shuffle=True, num_workers=workers)
 
 
-INDEXED_INPUTS = ("pyds", "pyds-augment", "loader", "loader-augment")
+INDEXED_INPUTS = ("pyds", "pyds-augment", "loader", "loader-augment", "workers", "workers-augment")
+
+
+def indexed_inputs() -> tuple[str, ...]:
+    """The inputs :func:`indexed` runs on this backend: a DataLoader with workers forks, which
+    JAX's threads do not allow."""
+    if keras.backend.backend() == "jax":
+        return tuple(name for name in INDEXED_INPUTS if not name.startswith("workers"))
+    return INDEXED_INPUTS
 
 
 def indexed(dirpath: Path, epochs: int, name: str) -> dict[str, Any]:
-    """A shuffled input read by index (``pyds``: a PyDataset, ``loader``: a torch DataLoader;
-    ``-augment``: its loads draw from a global generator), a checkpoint every 3 steps, none at
+    """A shuffled input read by index (``pyds``: a PyDataset, ``loader``: a torch DataLoader,
+    ``workers``: one with 2 worker processes; ``-augment``: its loads draw from a global generator), a checkpoint every 3 steps, none at
     the end (so 2 epochs leave one at step 18, mid-epoch); the resumed run skips the batches
     already trained."""
     keras.utils.set_random_seed(SEED)
     model = make_model()
     auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=2, warmup_steps=2, save_on_train_end=False)
     augment = name.endswith("-augment")
-    batches = torch_loader(augment) if name.startswith("loader") else Batches(augment)
+    if name.startswith("pyds"):
+        batches = Batches(augment)
+    else:
+        batches = torch_loader(augment, workers=2 if name.startswith("workers") else 0)
     out: dict[str, Any] = {}
 
     class Skip(keras.callbacks.Callback):  # what the index skip did, seen at the first trained batch
@@ -531,7 +542,7 @@ def main() -> None:
             result["run_files"] = files_report(workdir / "run")
             result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=2)
-            for name in INDEXED_INPUTS:
+            for name in indexed_inputs():
                 result[f"{name}-whole"] = indexed(workdir / f"{name}-whole", epochs=4, name=name)
                 result[name] = indexed(workdir / name, epochs=2, name=name)
             result["failure"] = storage_failure(workdir)
@@ -560,7 +571,7 @@ def main() -> None:
             result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=4)
-            for name in INDEXED_INPUTS:
+            for name in indexed_inputs():
                 result[name] = indexed(workdir / name, epochs=4, name=name)
             result["outside"] = outside_fit(workdir)
         else:

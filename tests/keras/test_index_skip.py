@@ -3,7 +3,9 @@ dataset's lookups (a fake adapter; the Keras runs are in test_keras_adapter.py).
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -158,7 +160,6 @@ def loader_adapter(dataset: Any, **kwargs: Any) -> Any:
     ("adapter", "by_index", "reason"),
     [
         (loader_adapter(Samples(), shuffle=True), True, ""),
-        (loader_adapter(Samples(), num_workers=2), False, "with workers"),
         (loader_adapter(Stream()), False, "IterableDataset"),
     ],
 )
@@ -232,3 +233,111 @@ def test_a_stateful_data_loader_skips_by_index_and_counts_the_skipped_batches() 
     batches = [next(iterator).tolist() for _ in range(3)]
     assert batches == [whole[0], whole[0], whole[2]] and (skip.served, skip.loaded) == (1, 1)
     assert adapter._dataloader.state_dict()["_num_yielded"] == 3  # its own resume state counts them
+
+
+# -- a torch DataLoader with workers ---------------------------------------------------------------
+
+
+class Logged(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i is i (plus torch noise if ``draws``); every load, in any process, is appended to
+    ``log`` as "pid index"; ``main_only``: a load outside a worker fails."""
+
+    def __init__(self, log: Any, *, draws: bool = False, main_only: bool = False, size: int = 24) -> None:
+        self.log, self.draws, self.main_only, self.size = str(log), draws, main_only, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> Any:
+        if self.main_only and torch.utils.data.get_worker_info() is None:
+            raise RuntimeError("opened by worker_init_fn only")
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {i}\n")
+        return torch.tensor(float(i)) + (torch.rand(()) if self.draws else 0.0)
+
+
+def worker_loader(dataset: Any, **kwargs: Any) -> Any:
+    return DataLoader(dataset, batch_size=3, shuffle=True, num_workers=2, **kwargs)
+
+
+def loads(log: Any) -> list[tuple[bool, int]]:
+    """(loaded in this process, index) per load logged."""
+    lines = Path(log).read_text().split() if Path(log).exists() else []
+    return [(int(pid) == os.getpid(), int(i)) for pid, i in zip(lines[::2], lines[1::2])]
+
+
+def worker_batches(dataset: Any, count: int, *, epochs: int = 1, seed: int = 3, **kwargs: Any) -> Any:
+    """A shuffled loader with 2 workers over ``dataset``, its first ``count`` batches skipped;
+    every epoch's batches and torch's generator at the end."""
+    adapter = SimpleNamespace(_dataloader=worker_loader(dataset, **kwargs))
+    said: list[str] = []
+    skip = IndexSkip(adapter, count, check_generators=False, say=said.append)
+    skip.install()
+    torch.manual_seed(seed)
+    batches = [[b.tolist() for b in adapter._dataloader] for _ in range(epochs)]
+    return skip, batches, said, torch.get_rng_state()
+
+
+def worker_whole(dataset: Any, *, epochs: int = 1, seed: int = 3, **kwargs: Any) -> Any:
+    loader = worker_loader(dataset, **kwargs)
+    torch.manual_seed(seed)
+    return [[b.tolist() for b in loader] for _ in range(epochs)], torch.get_rng_state()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "by_index", "reason"),
+    [
+        ({}, True, ""),
+        ({"worker_init_fn": lambda worker: None}, False, "worker_init_fn"),
+    ],
+)
+def test_a_data_loader_with_workers_skips_by_index_without_a_worker_init_fn(
+    kwargs: dict[str, Any], by_index: bool, reason: str
+) -> None:
+    plan = skip_plan(SimpleNamespace(data_adapter=loader_adapter(Samples(), num_workers=2, **kwargs)), "torch DataLoader")
+    assert plan.by_index is by_index and reason in plan.reason
+
+
+def test_a_stateful_data_loader_with_workers_is_drawn() -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    adapter = SimpleNamespace(_dataloader=stateful.StatefulDataLoader(Samples(), batch_size=3, num_workers=2))
+    plan = skip_plan(SimpleNamespace(data_adapter=adapter), "torch DataLoader")
+    assert not plan.by_index and "StatefulDataLoader with workers" in plan.reason
+
+
+def test_no_worker_loads_a_skipped_batch_and_the_rest_is_the_interrupted_runs(tmp_path: Path) -> None:
+    skip, (batches,), said, rng = worker_batches(Logged(tmp_path / "skip.log"), 5)
+    (whole,), whole_rng = worker_whole(Logged(tmp_path / "whole.log"))
+    assert batches[:5] == [whole[0]] * 5 and batches[5:] == whole[5:]
+    assert torch.equal(rng, whole_rng)  # the sampler and the workers' base seed drew as before
+    skipped = {int(v) for b in whole[1:5] for v in b}
+    done = loads(tmp_path / "skip.log")
+    assert sorted(i for here, i in done if here) == sorted(int(v) for v in whole[0])  # the stand-in, loaded here
+    assert not skipped & {i for here, i in done if not here}  # no worker loaded a skipped batch
+    assert (skip.served, skip.loaded, skip.remaining, said) == (4, 1, 0, [])
+
+
+@pytest.mark.parametrize("case", ["draws", "main_only"])
+def test_a_dataset_that_draws_or_loads_only_in_workers_has_every_batch_loaded_by_them(
+    tmp_path: Path, case: str
+) -> None:
+    flags = {case: True}
+    skip, (batches,), said, rng = worker_batches(Logged(tmp_path / "skip.log", **flags), 5)
+    (whole,), whole_rng = worker_whole(Logged(tmp_path / "whole.log", **flags))
+    assert batches == whole and torch.equal(rng, whole_rng)  # in sequence: the probe's draws were put back
+    assert (skip.served, skip.loaded, skip.remaining) == (0, 5, 0)
+    why = "draws from Python's, numpy's or torch's global generator" if case == "draws" else "RuntimeError"
+    assert len(said) == 1 and why in said[0] and "workers load the 5 skipped batch(es)" in said[0], said
+
+
+def test_persistent_workers_skip_the_first_epoch_only(tmp_path: Path) -> None:
+    skip, batches, said, rng = worker_batches(Logged(tmp_path / "skip.log"), 4, epochs=2, persistent_workers=True)
+    whole, whole_rng = worker_whole(Logged(tmp_path / "whole.log"), epochs=2, persistent_workers=True)
+    assert batches[0][:4] == [whole[0][0]] * 4 and batches[0][4:] == whole[0][4:]
+    assert batches[1] == whole[1] and torch.equal(rng, whole_rng)
+    assert (skip.served, skip.loaded, said) == (3, 1, [])
+
+
+def test_a_skip_longer_than_a_loader_with_workers_ends_with_it(tmp_path: Path) -> None:
+    skip, (batches,), _, _ = worker_batches(Logged(tmp_path / "skip.log", size=9), 7)
+    assert len(batches) == 3 and skip.remaining == 0 and (skip.served, skip.loaded) == (2, 1)

@@ -155,18 +155,22 @@ def test_mid_epoch_checkpoint_resumes_at_the_next_batch(results: dict[str, Any])
     assert mid["iterations_at_end"] == 40  # as many steps as an uninterrupted 4-epoch run
 
 
-@pytest.mark.parametrize("name", ["pyds", "pyds-augment", "loader", "loader-augment"])
+@pytest.mark.parametrize("name", ["pyds", "pyds-augment", "loader", "loader-augment", "workers", "workers-augment"])
 def test_an_indexed_input_resume_skips_by_index_and_stays_exact(results: dict[str, Any], name: str) -> None:
-    """A PyDataset (pyds) or a torch DataLoader (loader), resumed at step 18 (epoch 1, 8
-    batches trained): the 8 skipped batches load one, except where the load draws from a
-    global generator (numpy's, torch's) on TensorFlow (tf.data loads ahead, so the draws must
-    stay in sequence): there all 8 load. Either way the weights end as the uninterrupted
-    4-epoch run's."""
+    """A PyDataset (pyds), a torch DataLoader (loader) or one with 2 worker processes (workers;
+    not on JAX), resumed at step 18 (epoch 1, 8 batches trained): the 8 skipped batches load
+    one, except where the load draws from a global generator (numpy's, torch's) in a thread or
+    process that loads ahead (tf.data's on TensorFlow, a DataLoader's workers on every backend),
+    so the draws must stay in sequence: there all 8 load. Either way the weights end as the
+    uninterrupted 4-epoch run's."""
+    backend = results["first"]["backend"]
+    if name.startswith("workers") and backend == "jax":
+        pytest.skip("a DataLoader's workers fork, which JAX's threads do not allow")
     first, resumed = results["first"], results["resume"][name]
     assert resumed["restored_step"] == 18 and resumed["plan"] == {"by_index": True, "reason": ""}
     assert resumed["digest"] == first[f"{name}-whole"]["digest"]
     assert any("skipping the 8 batch(es) already trained by index" in line for line in resumed["printed"])
-    replays_draws = name.endswith("-augment") and results["first"]["backend"] == "tensorflow"
+    replays_draws = name.endswith("-augment") and (backend == "tensorflow" or name.startswith("workers"))
     assert resumed["skip"] == ({"served": 0, "loaded": 8} if replays_draws else {"served": 7, "loaded": 1})
     said = [line for line in resumed["printed"] if "global generator" in line]
     assert len(said) == (1 if replays_draws else 0), resumed["printed"]
