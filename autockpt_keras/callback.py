@@ -277,6 +277,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         finally:
             self._guard.stop_signals()
         driver.end(self._steps.step)
+        self._require_exact().release()
 
     # -- what the driver calls (training thread) ----------------------------------------------
 
@@ -377,6 +378,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._put_back_initial_epoch()
         if self._exact is not None:
             self._exact.close()
+            self._exact.release()
         if self._driver is not None:
             self._driver.abandon()
 

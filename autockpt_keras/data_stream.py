@@ -147,6 +147,10 @@ class DataStream:
         if ei is not None and "_get_iterator" in vars(ei):
             del ei._get_iterator
 
+    def release(self) -> None:
+        """After :meth:`close` and the final checkpoint: forget the epoch iterator."""
+        self._ei = None
+
     def epoch_begin(self) -> None:
         """Note whether this epoch starts a new stream; if so, capture the generators for it."""
         eager = self._recreated()

@@ -177,6 +177,13 @@ class ExactResume:
         self._skip_through = None
         self.stream.close()
 
+    def release(self) -> None:
+        """After ``fit()`` (its final checkpoint taken): drop the references to its epoch
+        iterator, so the data iterator Keras made for a next epoch (a ``DataLoader``'s workers,
+        a tf.data iterator) ends when Keras drops it, not when this callback does."""
+        self.epoch_iterator = None
+        self.stream.release()
+
     # -- resume points (at the moment of the checkpoint) ------------------------------------------
 
     def mid_epoch_point(self, epoch: int, batch: int) -> ResumePoint:
