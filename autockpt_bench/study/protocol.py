@@ -59,7 +59,10 @@ threads; 0 = framework default), ``keras_backend`` (Keras worker), ``out`` (resu
     ``{"event": "step", "step", "t"}`` after every trained step, ``{"event": "checkpoint",
     "step", "t", "blocked_s"}`` per checkpoint, and ``{"event": "done", "step", "t",
     "persist_s"}`` when the job is complete (``persist_s``: the method's measured background
-    persist time, ``null`` for synchronous methods). Exits 0 when done.
+    persist time, ``null`` for synchronous methods). Exits 0 when done. The Keras worker
+    exits at the last step's end unless the spec sets ``finish_fit`` (then ``fit()`` ends with
+    its end-of-training hooks, "done" comes after them and the process exits as a user's
+    does); the Lightning worker's ``fit()`` always ends so.
 
 ``t`` is always ``time.time()``. Result JSON is written with :func:`write_json`.
 """

@@ -69,6 +69,8 @@ def h5_step(path: Path, spe: int) -> int:
 def make_autockpt(method: dict[str, Any], directory: Path, *, resume: bool, saves: bool = True) -> Any:
     from autockpt_keras import AutoCheckpoint
 
+    if method.get("user_defaults"):  # examples/process_fixed_costs.py: what a user gets with no argument
+        return AutoCheckpoint(str(directory))
     kwargs: dict[str, Any] = {"keep_last": 2, "resume": resume, "verbose": False, "save_on_train_end": False, "signals": ()}
     if not saves:
         kwargs["every_n_steps"] = NEVER

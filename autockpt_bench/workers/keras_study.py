@@ -456,16 +456,20 @@ def run_goodput(job: Job, log: EventLog) -> None:
             position = (model._initial_epoch or 0) * spe  # BackupAndRestore sets it (the epoch to replay)
         log.write("resumed", step=position, global_step=step)
 
+    finish_fit = bool(job.spec.get("finish_fit"))  # examples/process_fixed_costs.py: fit() ends as a user's does
+
     def on_step(step: int, position: int) -> None:
         log.write("step", step=position)
-        if position >= job.steps:
+        if position >= job.steps and not finish_fit:
             persist_s = auto.session.estimates().persist_s if auto is not None else None
             log.write("done", step=position, persist_s=persist_s)
             os._exit(0)
 
     probe = make_probe(model, spe, on_step, on_begin)
     job.fit(model, callbacks + [probe])
-    raise RuntimeError(f"fit() ended before the job's step {job.steps}")
+    if not finish_fit:
+        raise RuntimeError(f"fit() ended before the job's step {job.steps}")
+    log.write("done", step=job.steps, persist_s=None)  # after the end-of-training hooks
 
 
 # -- entry point ------------------------------------------------------------------------------------

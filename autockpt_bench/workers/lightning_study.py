@@ -177,6 +177,8 @@ def _trainer(spec: dict[str, Any], steps: int, callbacks: list[Any], plugins: li
 def _autockpt(spec: dict[str, Any], method: dict[str, Any], resume: bool, every: int | None = None) -> Any:
     from autockpt_lightning import AutoCheckpoint
 
+    if method.get("user_defaults"):  # examples/process_fixed_costs.py: what a user gets with no argument
+        return AutoCheckpoint(spec["dir"])
     keywords: dict[str, Any] = {}
     if every is not None:
         keywords["every_n_steps"] = every
