@@ -109,12 +109,16 @@ def _loader_reason(loader: Any) -> str:
 
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         return "a DataLoader over an IterableDataset can only be drawn"
-    if int(getattr(loader, "num_workers", 0) or 0) > 0:
+    if _has_workers(loader):
         if type(loader).__iter__ is not DataLoader.__iter__ or type(loader)._get_iterator is not DataLoader._get_iterator:
             return f"a {type(loader).__name__} with workers loads ahead in worker processes of its own kind"
         if getattr(loader, "worker_init_fn", None) is not None:
             return "a DataLoader with workers and a worker_init_fn: its workers may draw from generators of their own"
     return ""
+
+
+def _has_workers(loader: Any) -> bool:
+    return int(getattr(loader, "num_workers", 0) or 0) > 0
 
 
 class IndexSkip:
@@ -134,7 +138,7 @@ class IndexSkip:
         self.adapter = adapter
         self._slot = "py_dataset" if hasattr(adapter, "py_dataset") else "_dataloader"
         self.original = getattr(adapter, self._slot)
-        self.workers = self._slot == "_dataloader" and int(getattr(self.original, "num_workers", 0) or 0) > 0
+        self.workers = self._slot == "_dataloader" and _has_workers(self.original)
         self.remaining = int(count)
         self.check_generators = check_generators
         self.say = say
@@ -219,13 +223,13 @@ class IndexSkip:
             iterator = iter(loader)
         finally:
             object.__setattr__(loader, slot, view.original)
-        if not view.started:  # persistent workers' earlier iterator, reset with its own sampler
-            self._load_all = True
+        if not view.passed_over:  # the probe said no, an empty sampler, or persistent workers'
+            self._load_all = True  # earlier iterator reset with its own sampler: drawn
         return self._after_passing_over(iterator, view.passed_over)
 
     def _after_passing_over(self, iterator: Iterator[Any], passed_over: int) -> Iterator[Any]:
-        """The stand-in for the ``passed_over`` batches, then the workers' batches (the first
-        ``remaining`` of them counted as skipped)."""
+        """The stand-in for the ``passed_over`` batches, then the workers' batches (drawn
+        through :meth:`fast_forward` where none was passed over)."""
         for position in range(passed_over):
             if position:
                 self.served += 1
@@ -235,16 +239,7 @@ class IndexSkip:
             yield self._stand_in
         if passed_over:
             self.remaining = 0  # a loader shorter than the skip ends with it
-        while self.remaining > 0:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                self.remaining = 0
-                return
-            self.loaded += 1
-            self.remaining -= 1
-            yield batch
-        yield from iterator
+        yield from self.fast_forward(iterator)
 
     def probe(self, loader: Any, index: Any) -> bool:
         """Load the first skipped batch (``index``) in this process with the loader's own fetcher,

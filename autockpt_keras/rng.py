@@ -40,14 +40,18 @@ def capture_shared() -> dict[str, Any]:
     return core_rng.capture_rng()
 
 
-def restore_shared(state: dict[str, Any]) -> None:
-    """Set the generators :func:`capture_shared` captured back to ``state``."""
-    if "torch" in state:
-        from autockpt_torch import rng as torch_rng
-
-        torch_rng.restore_rng(state)
-    else:
+def restore_shared(state: dict[str, Any]) -> list[str]:
+    """Set Python's, numpy's and (in ``state``) torch's generators to ``state`` (from
+    :func:`capture_shared` or :func:`capture`); returns what could not be restored."""
+    if "torch" not in state:
         core_rng.restore_rng(state)
+        return []
+    try:
+        from autockpt_torch import rng as torch_rng
+    except ImportError:
+        core_rng.restore_rng(state)
+        return ["the checkpoint holds torch's generator state, but torch is not installed"]
+    return torch_rng.restore_rng(state)
 
 
 def capture(backend: str) -> dict[str, Any]:
@@ -77,16 +81,7 @@ def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> li
     problems: list[str] = []
     if "keras_seed" in state:
         _restore_keras_seed(state["keras_seed"])
-    if "torch" in state:
-        try:
-            from autockpt_torch import rng as torch_rng
-        except ImportError:
-            problems.append("the checkpoint holds torch's generator state, but torch is not installed")
-            core_rng.restore_rng(state)
-        else:
-            problems.extend(torch_rng.restore_rng(state))
-    else:
-        core_rng.restore_rng(state)
+    problems.extend(restore_shared(state))
     if "tf_global" in state:
         problem = _restore_tf_global(state["tf_global"])
         if problem:

