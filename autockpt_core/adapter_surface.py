@@ -25,6 +25,7 @@ ADAPTER_SURFACE = frozenset(
         "autockpt_core.persist.storage",
         "autockpt_core.persist.tensorfile",
         "autockpt_core.persist.tree",
+        "autockpt_core.persist.verified_fetch",  # a resume's single download of a URL's checkpoint
         "autockpt_core.persist.whole_read",  # a resume's single pass over the file it loads
         "autockpt_core.policy.agreement",
         "autockpt_core.policy.checkpoint_cost",

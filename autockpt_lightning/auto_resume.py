@@ -31,8 +31,9 @@ from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarnin
 from autockpt_core.agreed_check import AgreedCheck
 from autockpt_core.config import path_of_location
 from autockpt_core.fit_driver import FitDriver
-from autockpt_core.persist import CheckpointRecord, Storage, location_of
+from autockpt_core.persist import MANIFEST_NAME, CheckpointRecord, Storage, location_of
 from autockpt_core.persist.storage import download
+from autockpt_core.persist.verified_fetch import FetchWhileVerifying
 
 from . import resume as _resume
 from .distributed import LightningRanks, raise_if_any_failed
@@ -93,13 +94,20 @@ def load_newest(
     restore = connector._restore_modules_and_callbacks
     # The class's signature: a wrapper around the bound method (a profiler's) may hide it.
     takes_weights_only = "weights_only" in inspect.signature(type(connector)._restore_modules_and_callbacks).parameters
-    # Rank 0 loads each candidate while verifying it (verified_load.py): the file is read once.
+    # Rank 0 loads each candidate while verifying it (verified_load.py): the file is read once;
+    # under a URL it is downloaded once, verified on the way, and loaded from that copy.
+    remote = storage.local_path(MANIFEST_NAME) is None
+    fetches = FetchWhileVerifying(storage) if driver.session is not None and remote else None
     loads = None
     if driver.session is not None and takes_weights_only and fusable(trainer, sharded):
-        loads = LoadWhileVerifying(trainer.strategy, storage, weights_only=not allow_pickle, skip=passed_over)
+        loads = LoadWhileVerifying(
+            trainer.strategy, storage, weights_only=not allow_pickle, skip=passed_over, fetches=fetches
+        )
 
     def pick(session: CheckpointSession) -> CheckpointRecord | None:
         check = agreed.check if agreed is not None else loads.check if loads is not None else None
+        if check is None and fetches is not None:
+            check = fetches.check
         try:
             record = session.resume_record(check=check)
             if record is not None and passed_over(record):
@@ -113,13 +121,19 @@ def load_newest(
             print(f"autockpt: resuming from step {record.step}: {location_of(storage, record.name)}{source}", flush=True)
         return record
 
-    record = driver.resume_record(pick)
-    if record is None:
-        return None
-    path = location_of(storage, record.name)
-    # The manifest's CRC-32 finds torn and corrupted files, not forged ones: whoever can write
-    # dirpath (or the mirror) can write a valid record too. So the file is loaded weights only.
-    local, copied = node_copy(trainer, path, storage_options)
+    try:
+        record = driver.resume_record(pick)
+        if record is None:
+            return None
+        path = location_of(storage, record.name)
+        # The manifest's CRC-32 finds torn and corrupted files, not forged ones: whoever can write
+        # dirpath (or the mirror) can write a valid record too. So the file is loaded weights only.
+        local, copied = node_copy(trainer, path, storage_options, fetches.kept_path(record) if fetches else None)
+        if fetches is not None:
+            fetches.take(record)  # node 0's copy now: removed below, as `copied`
+    finally:
+        if fetches is not None:
+            fetches.discard()  # a copy not taken: another candidate's, or node_copy failed
     loaded = loads.take(record) if loads is not None else None
     error = None
     try:
@@ -146,20 +160,25 @@ def load_newest(
     return record.step
 
 
-def node_copy(trainer: pl.Trainer, path: str, storage_options: Mapping[str, Any] | None) -> tuple[str, bool]:
+def node_copy(
+    trainer: pl.Trainer, path: str, storage_options: Mapping[str, Any] | None, fetched: str | None = None
+) -> tuple[str, bool]:
     """Collective: a local file holding the checkpoint at ``path`` for every rank, and whether
     it is a temporary copy that this rank must remove once every rank has loaded it.
 
     A local path is used as it is. A URL (object storage) is downloaded once per node, by the
     node's local rank 0, into the temporary directory, with ``storage_options`` (Lightning would
     open the URL without them); the other ranks of the node wait for it and read that copy. A
-    failed download is raised on every rank.
+    failed download is raised on every rank. ``fetched`` (global rank 0): the copy rank 0
+    downloaded while verifying the checkpoint, which node 0 uses instead of a second download.
     """
     if path_of_location(path) is not None:
         return path, False
     token = uuid.uuid4().hex[:12]
     if trainer.world_size > 1:
-        token = trainer.strategy.broadcast(token, src=0)
+        token, fetched = trainer.strategy.broadcast((token, fetched), src=0)
+    if fetched is not None and trainer.node_rank == 0:
+        return fetched, trainer.local_rank == 0
     local = os.path.join(
         tempfile.gettempdir(), f"autockpt-fetched-{token}-node{trainer.node_rank}{os.path.splitext(path)[1]}"
     )

@@ -12,8 +12,10 @@ hands it to Lightning's own restore in place of a second read.
 
 Only where that load is :class:`~lightning.pytorch.strategies.Strategy`'s own (single device,
 DDP: no collective inside it, so global rank 0 may run it alone while it picks) and the
-candidate is one local file (:func:`fusable`). A final checkpoint that the resume passes over
-for an earlier one (``skip``) is only verified.
+candidate is one file (:func:`fusable`). A candidate under a URL (object storage) is downloaded
+once by ``fetches`` (:class:`~autockpt_core.persist.verified_fetch.FetchWhileVerifying`: the
+CRC-32 is computed on the way) and then loaded from its local copy. A final checkpoint that the
+resume passes over for an earlier one (``skip``) is only verified.
 
 Call order (training thread, global rank 0): ``session.resume_record(check=loads.check)``,
 then ``loads.take(record)`` for the record it returned (None when it was not loaded here: the
@@ -33,6 +35,7 @@ from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.migration import pl_legacy_patch
 
 from autockpt_core.persist import CheckpointRecord, Storage, local_size_problem, verify
+from autockpt_core.persist.verified_fetch import FetchWhileVerifying
 
 
 def fusable(trainer: pl.Trainer, sharded: bool) -> bool:
@@ -63,7 +66,8 @@ class LoadWhileVerifying:
     it and keeps what the one that verified gave (see the module docstring).
 
     ``weights_only``: as the restore passes it to Lightning. ``skip(record)``: True for a
-    record to verify only (not to be loaded).
+    record to verify only (not to be loaded). ``fetches``: downloads candidates under a URL
+    (without it they are only verified).
     """
 
     def __init__(
@@ -72,20 +76,24 @@ class LoadWhileVerifying:
         storage: Storage,
         weights_only: bool,
         skip: Callable[[CheckpointRecord], bool] = lambda record: False,
+        fetches: FetchWhileVerifying | None = None,
     ) -> None:
         self.strategy = strategy
         self.storage = storage
         self.weights_only = weights_only
         self.skip = skip
+        self.fetches = fetches
         self._kept: Loaded | None = None
 
     def check(self, record: CheckpointRecord) -> str | None:
         """None when ``record``'s file matches its size and checksum (what loading it gave is
         then kept for :meth:`take`), else why not."""
         self._kept = None  # at most one candidate's state in memory
-        path = self.storage.local_path(record.name) if record.files is None else None
-        if path is None or record.algorithm != "crc32" or self.skip(record):
+        if record.files is not None or record.algorithm != "crc32" or self.skip(record):
             return verify(self.storage, record)
+        path = self.storage.local_path(record.name)
+        if path is None:
+            return self._fetch_then_load(record)
         if (found := local_size_problem(path, record)) is not None:
             return found
         problem: list[str | None] = []
@@ -99,12 +107,8 @@ class LoadWhileVerifying:
 
         verifier = threading.Thread(target=run_verify, name="autockpt-verify", daemon=True)
         verifier.start()
-        checkpoint, error = None, None
         try:
-            with pl_legacy_patch():
-                checkpoint = self.strategy.load_checkpoint(path, weights_only=self.weights_only)
-        except Exception as exc:  # an intact file may still be refused; a corrupt one fails here too
-            error = exc
+            checkpoint, error = self._load(path)
         finally:
             verifier.join()
         if failed:
@@ -113,6 +117,23 @@ class LoadWhileVerifying:
             return problem[0]
         self._kept = Loaded(record.name, checkpoint, error)
         return None
+
+    def _fetch_then_load(self, record: CheckpointRecord) -> str | None:
+        if self.fetches is None:
+            return verify(self.storage, record)
+        problem = self.fetches.check(record)
+        path = self.fetches.kept_path(record)
+        if problem is not None or path is None:
+            return problem
+        self._kept = Loaded(record.name, *self._load(path))
+        return None
+
+    def _load(self, path: str) -> tuple[dict[str, Any] | None, BaseException | None]:
+        try:
+            with pl_legacy_patch():
+                return self.strategy.load_checkpoint(path, weights_only=self.weights_only), None
+        except Exception as exc:  # an intact file may still be refused; a corrupt one fails here too
+            return None, exc
 
     def take(self, record: CheckpointRecord) -> Loaded | None:
         """What loading ``record`` gave, once; None when it was not loaded here."""

@@ -5,7 +5,8 @@
 - :mod:`.tensorfile`: streaming safetensors files; :mod:`.checksum`: CRC-32 while writing.
 - :mod:`.storage`: one interface for local directories and fsspec URLs (atomic writes).
 - :mod:`.manifest`: the list of committed checkpoints in commit order, verified on load.
-  :mod:`.whole_read`: a resume's single pass over the file it loads, verifying as it reads.
+  :mod:`.whole_read`: a resume's single pass over the file it loads, verifying as it reads;
+  :mod:`.verified_fetch`: a resume's single download of a checkpoint under a URL.
 - :mod:`.writer`: phase 2, the background persist: write, commit, then :mod:`.retention`;
   :mod:`.failures`: what a failed persist left, in its message.
 - :mod:`.mirror`: a second tier each committed checkpoint is copied to in the background;

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from autockpt_core import read_manifest, storage_for
 from autockpt_core.persist.storage import FsspecStorage
-from autockpt_lightning import latest_checkpoint
+from autockpt_lightning import auto_resume, latest_checkpoint
 from tests.fault.harness import assert_weights_equal
 from tests.fault.lightning_script import train, weights_of
 from tests.lightning.test_lightning_exact_resume import baseline, crash_at
@@ -28,13 +29,20 @@ torch.set_num_threads(1)
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def test_lightning_checkpoints_to_s3_and_a_rerun_resumes_bitwise(tmp_path: Path, s3_server: Any) -> None:
-    url = s3_server.url(f"lightning-{uuid.uuid4().hex[:8]}")
+def crashed_run(tmp_path: Path, s3_server: Any, prefix: str) -> tuple[str, dict[str, Any], Any]:
+    """A run checkpointing to a new prefix of the bucket every 3 steps, crashed at step 17;
+    its URL, the arguments that rerun it, and its storage."""
+    url = s3_server.url(f"{prefix}-{uuid.uuid4().hex[:8]}")
     options = s3_server.storage_options
     common: dict[str, Any] = dict(val=True, epochs=2, every=3, storage=None, storage_options=options, root=str(tmp_path))
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(url, model_cls=crash_at(17), **common)
-    storage = storage_for(url, options)
+    return url, common, storage_for(url, options)
+
+
+def test_lightning_checkpoints_to_s3_and_a_rerun_resumes_bitwise(tmp_path: Path, s3_server: Any) -> None:
+    url, common, storage = crashed_run(tmp_path, s3_server, "lightning")
+    options = s3_server.storage_options
     assert [r.step for r in read_manifest(storage)][-1] == 15
     assert latest_checkpoint(url, storage_options=options) == f"{url}/ckpt-step000000015.ckpt"
 
@@ -43,6 +51,46 @@ def test_lightning_checkpoints_to_s3_and_a_rerun_resumes_bitwise(tmp_path: Path,
     assert isinstance(cb.session.storage, FsspecStorage)  # type: ignore[union-attr]
     assert_weights_equal(weights_of(model), baseline(tmp_path))
     assert len(read_manifest(storage)) == 2  # keep_last=2, retention on the server too
+
+
+def test_a_resume_from_s3_downloads_the_checkpoint_once(
+    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest object is read once, verified on the way, and Lightning loads that copy; a
+    corrupt newer object is passed over and leaves no copy behind."""
+    url, common, storage = crashed_run(tmp_path, s3_server, "lightning-once")
+    older, newest = read_manifest(storage)[-2:]
+    assert newest.step == 15 and older.step < 15
+    with storage.open_read(newest.name) as f:
+        payload = bytearray(f.read())
+    payload[len(payload) // 2] ^= 0xFF  # same size: only the checksum finds it
+    storage.write_atomic(newest.name, lambda f: f.write(bytes(payload)))
+
+    read: dict[str, int] = {}
+    opened = FsspecStorage.open_read
+
+    def counting_open_read(self: FsspecStorage, name: str) -> Any:
+        raw = opened(self, name)
+        original_read = raw.read
+
+        def counted(*args: Any) -> bytes:
+            data = original_read(*args)
+            read[name] = read.get(name, 0) + len(data)
+            return data
+
+        raw.read = counted
+        return raw
+
+    monkeypatch.setattr(FsspecStorage, "open_read", counting_open_read)
+    monkeypatch.setattr(auto_resume, "download", lambda *a, **k: pytest.fail("downloaded a second time"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.warns(RuntimeWarning, match=f"skipping checkpoint {newest.name}"):
+        model, _, cb = train(url, **common)
+    assert cb is not None and cb.resumed_from == older.step
+    assert read[newest.name] == newest.size and read[older.name] == older.size  # each object read once
+    assert not list(scratch.glob("autockpt-fetched-*"))  # the copies are gone
 
 
 DDP_SCRIPT = """
