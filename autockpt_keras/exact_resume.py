@@ -6,8 +6,8 @@ and that says, at each checkpoint, where that is (a
 :class:`~autockpt_keras.resume_point.ResumePoint`). The callback creates one per ``fit()``
 and calls it from its hooks. It combines the data stream's position
 (:mod:`autockpt_keras.data_stream`), the skip of batches already trained
-(:mod:`autockpt_keras.skipping`; a ``PyDataset`` or a torch ``DataLoader`` by index,
-:mod:`autockpt_keras.index_skip`)
+(:mod:`autockpt_keras.skipping`; a ``PyDataset``, a torch ``DataLoader`` and arrays on torch
+by index, :mod:`autockpt_keras.index_skip`)
 and the global generators (:mod:`autockpt_keras.rng`);
 :mod:`autockpt_keras.input_checks` says beforehand what keeps a resume from being exact.
 
@@ -23,8 +23,8 @@ Call order (the callback's hooks, Keras 3's TensorFlow, torch and JAX trainers):
    epoch draws the same order), a reshuffling tf.data input is advanced, the metric
    variables are assigned again (``fit()`` reset them), and when the checkpoint is mid-epoch
    a :class:`~autockpt_keras.skipping.SkipSteps` replaces ``model.train_function`` for the
-   batches already trained (for a ``PyDataset`` or a torch ``DataLoader``, an
-   :class:`~autockpt_keras.index_skip.IndexSkip` loads one batch for them). Otherwise the generators are captured when a
+   batches already trained (for a ``PyDataset``, a torch ``DataLoader`` or arrays on torch,
+   an :class:`~autockpt_keras.index_skip.IndexSkip` loads one batch for them). Otherwise the generators are captured when a
    new data iterator is about to start.
 3. ``on_train_batch_begin`` (:meth:`~ExactResume.batch_begin`): marks the call as skipped or not.
 4. ``on_train_batch_end`` (:meth:`~ExactResume.batch_end`), before anything else: True for a
@@ -86,7 +86,7 @@ class ExactResume:
         self._skipper: SkipSteps | None = None
         self._skip_through: int | None = None  # the last batch of the epoch that is skipped
         self._rng_after_skip: dict[str, Any] | None = None  # the generators after that batch
-        self.skip_plan: SkipPlan = skip_plan(epoch_iterator, inputs.kind)
+        self.skip_plan: SkipPlan = skip_plan(epoch_iterator, inputs.kind, backend)
         self.index_skip: IndexSkip | None = None  # the resumed stream's, while installed
         self._say = False  # print what the skip does (the callback's verbose)
 

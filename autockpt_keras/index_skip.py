@@ -15,6 +15,10 @@ the walk through the (shuffled) batch indices, not the loading:
   the next indices from the loader's sampler (``_next_index``, as the loader itself does
   before each load), so the sampler, its generator and the loader's base seed draw exactly as
   in the interrupted run;
+- arrays on the torch backend: Keras makes a ``DataLoader`` over them (a batch sampler, shuffled
+  by torch's generator) for each epoch; :class:`IndexSkip` stands in for the adapter's
+  ``get_torch_dataloader`` until it made the resumed stream's loader, which is then skipped
+  as above;
 - a torch ``DataLoader`` with workers (and no ``worker_init_fn``) over a map-style dataset:
   while its iterator is created, a :class:`_SkippingSampler` stands in for its index sampler.
   The iterator's first prefetch draws the first skipped batch's indices through it; that batch
@@ -38,7 +42,8 @@ load every skipped batch. A dataset with a generator object of its own is not ex
 processes either way (a new process builds it afresh); a ``worker_init_fn`` may give each
 worker one, so such a loader is drawn.
 
-Other inputs are drawn (:func:`skip_plan` says why): arrays (a slice of memory per batch),
+Other inputs are drawn (:func:`skip_plan` says why): arrays on TensorFlow and JAX (a slice of
+memory per batch, cut inside tf.data's graph or by a generator of Keras' own),
 ``tf.data`` (an iterator cannot jump ahead without computing), a ``PyDataset`` with workers
 (Keras' enqueuer loads ahead in its own threads or processes), a ``DataLoader`` with workers
 and a ``worker_init_fn`` or with an iterator of another kind (torchdata's
@@ -46,7 +51,8 @@ and a ``worker_init_fn`` or with an iterator of another kind (torchdata's
 
 Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
 ``PyDatasetAdapter.py_dataset``, read at every lookup of its generator, and ``enqueuer``;
-``TorchDataLoaderAdapter._dataloader``, iterated once per stream. torch internals (2.3 to 2.13,
+``TorchDataLoaderAdapter._dataloader``, iterated once per stream; on torch, the epoch
+iterator's call of ``ArrayDataAdapter.get_torch_dataloader`` once per stream. torch internals (2.3 to 2.13,
 and torchdata's ``StatefulDataLoader``): the single-process iterator's ``_next_index`` and
 ``_num_yielded``, an iterator without them is drawn; for workers, that an iterator reads the
 loader's ``batch_sampler`` (``sampler`` without batching) when it is created and draws its
@@ -56,7 +62,7 @@ make); an iterator that had not drawn through the stand-in by then is drawn.
 Call order: :func:`skip_plan` when the checkpoint is restored (``on_train_begin``); an
 :class:`IndexSkip` installed in the resumed epoch's ``on_epoch_begin`` (before the epoch's
 iterator exists), uninstalled when the skip ends (a ``DataLoader``: when its iterator is
-created) or in ``on_train_end``. Lookups and loads run on the thread that loads batches
+created; arrays on torch: when the loader is made) or in ``on_train_end``. Lookups and loads run on the thread that loads batches
 (TensorFlow: ``tf.data``'s; torch and JAX: the training thread).
 """
 
@@ -83,9 +89,12 @@ class SkipPlan:
         return f"drawing the {batches} batch(es) already trained ({self.reason})"
 
 
-def skip_plan(epoch_iterator: Any | None, inputs_kind: str) -> SkipPlan:
-    """Whether ``fit()``'s input lets a resumed epoch skip by index (see the module docstring)."""
+def skip_plan(epoch_iterator: Any | None, inputs_kind: str, backend: str = "") -> SkipPlan:
+    """Whether ``fit()``'s input lets a resumed epoch skip by index (see the module docstring);
+    ``backend``: Keras' (arrays skip by index on torch only)."""
     adapter = getattr(epoch_iterator, "data_adapter", None)
+    if inputs_kind == "arrays" and backend == "torch" and callable(getattr(adapter, "get_torch_dataloader", None)):
+        return SkipPlan(True)
     if inputs_kind == "PyDataset" and adapter is not None:
         if getattr(adapter, "enqueuer", None) is not None:
             return SkipPlan(False, "a PyDataset with workers loads ahead in its own threads or processes")
@@ -95,7 +104,8 @@ def skip_plan(epoch_iterator: Any | None, inputs_kind: str) -> SkipPlan:
         reason = _loader_reason(adapter._dataloader)
         return SkipPlan(not reason, reason)
     reasons = {
-        "arrays": "array batches are slices of memory",
+        "arrays": "array batches are slices of memory, cut by Keras' own pipeline on this backend "
+        "(tf.data's graph on TensorFlow, a generator on JAX)",
         "tf.data": "a tf.data iterator cannot jump ahead without computing",
         "torch DataLoader": "a torch DataLoader is drawn through its own iterator",
         "generator": "a generator can only be drawn",
@@ -136,8 +146,9 @@ class IndexSkip:
         self, adapter: Any, count: int, *, check_generators: bool, say: Callable[[str], None] | None = None
     ) -> None:
         self.adapter = adapter
-        self._slot = "py_dataset" if hasattr(adapter, "py_dataset") else "_dataloader"
+        self._slot = next((s for s in ("py_dataset", "_dataloader") if hasattr(adapter, s)), "get_torch_dataloader")
         self.original = getattr(adapter, self._slot)
+        self._shadowed = self._slot in vars(adapter)  # an attribute of the adapter itself, not of its class
         self.workers = self._slot == "_dataloader" and _has_workers(self.original)
         self.remaining = int(count)
         self.check_generators = check_generators
@@ -150,11 +161,15 @@ class IndexSkip:
 
     def install(self) -> None:
         if self.remaining > 0:
-            setattr(self.adapter, self._slot, _Lookup(self) if self._slot == "py_dataset" else _FastForward(self))
+            stand_in = {"py_dataset": _Lookup, "_dataloader": _FastForward}.get(self._slot, _NextLoader)(self)
+            setattr(self.adapter, self._slot, stand_in)
 
     def uninstall(self) -> None:
-        if isinstance(getattr(self.adapter, self._slot), (_Lookup, _FastForward)):
-            setattr(self.adapter, self._slot, self.original)
+        if isinstance(getattr(self.adapter, self._slot), (_Lookup, _FastForward, _NextLoader)):
+            if self._shadowed:
+                setattr(self.adapter, self._slot, self.original)
+            else:
+                delattr(self.adapter, self._slot)  # the class's attribute again
 
     def lookup(self, index: Any) -> Any:
         """A ``PyDataset`` lookup while installed (any thread)."""
@@ -313,24 +328,41 @@ class _Lookup:
 
 
 class _FastForward:
-    """The adapter's ``_dataloader`` while :class:`IndexSkip` is installed: the first iterator
-    it gives is the loader's own, fast-forwarded; it puts the loader back as it gives it.
-    Every other attribute goes to the user's loader."""
+    """The adapter's ``_dataloader`` while :class:`IndexSkip` is installed (or the loader its
+    ``get_torch_dataloader`` made, ``loader``): the first iterator it gives is the loader's
+    own, fast-forwarded; it puts the adapter's loader back as it gives it. Every other
+    attribute goes to the loader."""
 
-    def __init__(self, skip: IndexSkip) -> None:
+    def __init__(self, skip: IndexSkip, loader: Any = None) -> None:
         self._skip = skip
+        self._loader = skip.original if loader is None else loader
 
     def __iter__(self) -> Iterator[Any]:
         self._skip.uninstall()
         if self._skip.workers:
-            return self._skip.fast_forward_workers(self._skip.original)
-        return self._skip.fast_forward(iter(self._skip.original))
+            return self._skip.fast_forward_workers(self._loader)
+        return self._skip.fast_forward(iter(self._loader))
 
     def __len__(self) -> int:
-        return len(self._skip.original)
+        return len(self._loader)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._skip.original, name)
+        if name == "_loader":
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
+class _NextLoader:
+    """The adapter's ``get_torch_dataloader`` while :class:`IndexSkip` is installed (arrays on
+    torch: Keras makes a new ``DataLoader`` over them for each epoch): the next loader it makes
+    is handed out as a :class:`_FastForward`, and the adapter's own method is back."""
+
+    def __init__(self, skip: IndexSkip) -> None:
+        self._skip = skip
+
+    def __call__(self) -> Any:
+        self._skip.uninstall()
+        return _FastForward(self._skip, self._skip.original())
 
 
 class _SkippingSampler:

@@ -9,7 +9,7 @@ normalizes it, skipped by index (the default) or drawn (every skipped batch load
 the index skip); a shuffled torch ``DataLoader`` whose dataset reads each sample from the
 memory-mapped ``.npy`` of all the data and normalizes it, without workers and with
 ``--workers`` worker processes, by index or drawn; and the same data as numpy arrays
-(``fit(shuffle=True)``), which are drawn.
+(``fit(shuffle=True)``), by index (torch backend) or drawn.
 Prints a table and writes ``--json``.
 
     python examples/keras_resume_skip.py --backend torch --batches 400 --at 390 --json out.json
@@ -128,7 +128,7 @@ def fit(data: Any, dirpath: Path, **kwargs: Any) -> SkipTimer:
     return timer
 
 
-def forced_draw(epoch_iterator: Any, kind: str) -> SkipPlan:
+def forced_draw(epoch_iterator: Any, kind: str, backend: str = "") -> SkipPlan:
     return SkipPlan(False, "forced by the benchmark")
 
 
@@ -151,6 +151,8 @@ def main() -> int:
         fit(data, folders[name], **kwargs)
     cases = [("pydataset", "by index"), ("pydataset", "drawn"), ("dataloader", "by index"), ("dataloader", "drawn"),
              ("arrays", "drawn")]
+    if ARGS.backend == "torch":  # arrays skip by index on torch only
+        cases.insert(4, ("arrays", "by index"))
     if ARGS.workers:
         cases += [(f"dataloader, {ARGS.workers} workers", "by index"), (f"dataloader, {ARGS.workers} workers", "drawn")]
     times: dict[str, list[float]] = {f"{i}, {m}": [] for i, m in cases}

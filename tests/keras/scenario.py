@@ -247,30 +247,35 @@ def torch_loader(augment: bool, workers: int = 0) -> Any:
     return DataLoader(Samples(), batch_size=BATCH, shuffle=True, num_workers=workers)
 
 
-INDEXED_INPUTS = ("pyds", "pyds-augment", "loader", "loader-augment", "workers", "workers-augment")
+INDEXED_INPUTS = ("pyds", "pyds-augment", "loader", "loader-augment", "workers", "workers-augment", "arrays")
 
 
 def indexed_inputs() -> tuple[str, ...]:
     """The inputs :func:`indexed` runs on this backend: a DataLoader with workers on the torch
-    backend only (why: ``WORKERS_SKIPPED`` in test_keras_adapter.py)."""
+    backend only (why: ``WORKERS_SKIPPED`` in test_keras_adapter.py), and arrays, which skip by
+    index on torch only (on the others they are drawn: the "mid" runs)."""
     if keras.backend.backend() != "torch":
-        return tuple(name for name in INDEXED_INPUTS if not name.startswith("workers"))
+        return tuple(name for name in INDEXED_INPUTS if not name.startswith("workers") and name != "arrays")
     return INDEXED_INPUTS
 
 
 def indexed(dirpath: Path, epochs: int, name: str) -> dict[str, Any]:
     """A shuffled input read by index (``pyds``: a PyDataset, ``loader``: a torch DataLoader,
-    ``workers``: one with 2 worker processes; ``-augment``: its loads draw from a global generator), a checkpoint every 3 steps, none at
-    the end (so 2 epochs leave one at step 18, mid-epoch); the resumed run skips the batches
-    already trained."""
+    ``workers``: one with 2 worker processes, ``arrays``: numpy arrays; ``-augment``: its loads
+    draw from a global generator), a checkpoint every 3 steps, none at the end (so 2 epochs
+    leave one at step 18, mid-epoch); the resumed run skips the batches already trained."""
     keras.utils.set_random_seed(SEED)
     model = make_model()
     auto = AutoCheckpoint(dirpath, every_n_steps=EVERY, keep_last=2, warmup_steps=2, save_on_train_end=False)
     augment = name.endswith("-augment")
-    if name.startswith("pyds"):
-        batches = Batches(augment)
+    inputs: dict[str, Any] = {}
+    if name == "arrays":
+        inputs["x"], inputs["y"] = data()
+        inputs["batch_size"] = BATCH
+    elif name.startswith("pyds"):
+        inputs["x"] = Batches(augment)
     else:
-        batches = torch_loader(augment, workers=2 if name.startswith("workers") else 0)
+        inputs["x"] = torch_loader(augment, workers=2 if name.startswith("workers") else 0)
     out: dict[str, Any] = {}
 
     class Skip(keras.callbacks.Callback):  # what the index skip did, seen at the first trained batch
@@ -281,7 +286,7 @@ def indexed(dirpath: Path, epochs: int, name: str) -> dict[str, Any]:
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # the tf.data thread's prints too
-        model.fit(batches, epochs=epochs, shuffle=True, verbose=0, callbacks=[auto, Skip()])
+        model.fit(**inputs, epochs=epochs, shuffle=True, verbose=0, callbacks=[auto, Skip()])
     if "skip" not in out and auto._exact is not None and auto._exact.index_skip is not None:
         skip = auto._exact.index_skip  # a DataLoader's skip ends when its iterator is created
         out["skip"] = {"served": skip.served, "loaded": skip.loaded}

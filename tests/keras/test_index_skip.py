@@ -235,6 +235,88 @@ def test_a_stateful_data_loader_skips_by_index_and_counts_the_skipped_batches() 
     assert adapter._dataloader.state_dict()["_num_yielded"] == 3  # its own resume state counts them
 
 
+# -- arrays on the torch backend ---------------------------------------------------------------------
+
+
+class ArrayAdapter:
+    """As Keras' ``ArrayDataAdapter`` on torch: ``get_torch_dataloader`` makes a new loader over
+    the arrays for each epoch, its batch sampler shuffled by torch's generator, each batch one
+    ``__getitems__`` (here: the sample numbers, noted in ``loaded``)."""
+
+    def __init__(self, size: int = 14, batch: int = 3, shuffle: Any = True) -> None:
+        self.size, self.batch, self.shuffle = size, batch, shuffle
+        self.loaded: list[list[int]] = []
+        self.made = 0
+
+    def get_torch_dataloader(self) -> Any:
+        adapter = self
+        adapter.made += 1
+
+        class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+            def __getitems__(self, indices: list[int]) -> Any:
+                adapter.loaded.append(list(indices))
+                return torch.tensor(indices, dtype=torch.float32)
+
+            def __len__(self) -> int:
+                return adapter.size
+
+        rows = range(self.size)
+        sampler: Any = torch.utils.data.RandomSampler(rows) if self.shuffle else torch.utils.data.SequentialSampler(rows)
+        batches: Any = torch.utils.data.BatchSampler(sampler, self.batch, drop_last=False)
+        if self.shuffle == "batch":  # each batch's order drawn as it is taken
+            plain = torch.utils.data.BatchSampler(rows, self.batch, drop_last=False)
+
+            class PerBatch(torch.utils.data.Sampler):  # type: ignore[type-arg]
+                def __iter__(self) -> Any:
+                    for b in plain:
+                        yield [b[i] for i in torch.randperm(len(b))]
+
+                def __len__(self) -> int:
+                    return len(plain)
+
+            batches = PerBatch()
+        return DataLoader(Rows(), batch_sampler=batches, collate_fn=lambda batch: batch)
+
+
+def test_arrays_skip_by_index_on_torch_only() -> None:
+    iterator = SimpleNamespace(data_adapter=ArrayAdapter())
+    assert skip_plan(iterator, "arrays", "torch").by_index
+    for backend in ("tensorflow", "jax", ""):
+        plan = skip_plan(iterator, "arrays", backend)
+        assert not plan.by_index and "slices of memory" in plan.reason
+    assert not skip_plan(SimpleNamespace(data_adapter=SimpleNamespace()), "arrays", "torch").by_index
+
+
+def epochs_of(adapter: ArrayAdapter, epochs: int, seed: int = 5) -> list[list[list[float]]]:
+    torch.manual_seed(seed)
+    return [[b.tolist() for b in adapter.get_torch_dataloader()] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("shuffle", [True, "batch", False])
+def test_an_array_epoch_skips_by_its_sampler_and_the_next_loaders_are_keras_own(shuffle: Any) -> None:
+    whole = epochs_of(ArrayAdapter(shuffle=shuffle), 2)
+    adapter = ArrayAdapter(shuffle=shuffle)
+    skip = IndexSkip(adapter, 4, check_generators=False)
+    skip.install()
+    assert "get_torch_dataloader" in vars(adapter)
+    resumed = epochs_of(adapter, 2)
+    assert "get_torch_dataloader" not in vars(adapter)  # the class's method again, once the loader was made
+    assert resumed[0][:4] == [whole[0][0]] * 4  # the first skipped batch stands in for all four
+    assert resumed[0][4:] == whole[0][4:] and resumed[1] == whole[1]  # the sampler drew as before
+    assert adapter.loaded[0] == [int(v) for v in whole[0][0]] and len(adapter.loaded) == 1 + 1 + 5
+    assert (skip.served, skip.loaded, skip.remaining, adapter.made) == (3, 1, 0, 2)
+
+
+def test_an_adapter_whose_loader_method_was_replaced_gets_that_back() -> None:
+    adapter = ArrayAdapter()
+    own = adapter.get_torch_dataloader
+    adapter.get_torch_dataloader = own  # type: ignore[method-assign]  # an attribute of the instance
+    skip = IndexSkip(adapter, 2, check_generators=False)
+    skip.install()
+    skip.uninstall()
+    assert adapter.get_torch_dataloader is own
+
+
 # -- a torch DataLoader with workers ---------------------------------------------------------------
 
 
