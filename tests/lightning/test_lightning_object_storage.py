@@ -53,11 +53,13 @@ def test_lightning_checkpoints_to_s3_and_a_rerun_resumes_bitwise(tmp_path: Path,
     assert len(read_manifest(storage)) == 2  # keep_last=2, retention on the server too
 
 
+@pytest.mark.parametrize("loads_while_picking", [True, False], ids=["strategy-load", "own-load"])
 def test_a_resume_from_s3_downloads_the_checkpoint_once(
-    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch, loads_while_picking: bool
 ) -> None:
     """The newest object is read once, verified on the way, and Lightning loads that copy; a
-    corrupt newer object is passed over and leaves no copy behind."""
+    corrupt newer object is passed over and leaves no copy behind. Also where rank 0 cannot
+    load while it picks (a strategy with a load of its own, as FSDP's): it only fetches then."""
     url, common, storage = crashed_run(tmp_path, s3_server, "lightning-once")
     older, newest = read_manifest(storage)[-2:]
     assert newest.step == 15 and older.step < 15
@@ -83,6 +85,8 @@ def test_a_resume_from_s3_downloads_the_checkpoint_once(
 
     monkeypatch.setattr(FsspecStorage, "open_read", counting_open_read)
     monkeypatch.setattr(auto_resume, "download", lambda *a, **k: pytest.fail("downloaded a second time"))
+    if not loads_while_picking:
+        monkeypatch.setattr(auto_resume, "fusable", lambda trainer, sharded: False)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
