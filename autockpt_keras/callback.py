@@ -64,6 +64,7 @@ from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
 from autockpt_core.persist.whole_read import ReadWhileVerifying
 
+from . import fork_fix
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
 from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, warm_copier
 from .data_stream import find_epoch_iterator
@@ -81,6 +82,13 @@ from .step_count import StepCount, planned_end_step
 from .strategies import check_strategy
 
 log = logging.getLogger("autockpt")
+
+
+def install_fork_fix(backend: str, inputs_kind: str) -> None:
+    """A torch ``DataLoader`` on TensorFlow forks its workers from tf.data's threads:
+    :mod:`autockpt_keras.fork_fix` lets them exit cleanly on every interpreter."""
+    if backend == "tensorflow" and inputs_kind == "torch DataLoader":
+        fork_fix.install()
 
 #: Keys added to the epoch logs (and so to ``History``), from ``session.metrics()``.
 LOG_KEYS = {
@@ -200,6 +208,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._reset_fit_state()
         epoch_iterator = find_epoch_iterator()
         self.inputs = inspect_inputs(epoch_iterator, backend)
+        install_fork_fix(backend, self.inputs.kind)
         self._exact = ExactResume(self.model, backend, epoch_iterator, self.inputs)
         if self.inputs.problems:
             warnings.warn(
