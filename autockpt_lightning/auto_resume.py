@@ -31,7 +31,7 @@ from autockpt_core import AutockptError, CheckpointSession, ResumeNotExactWarnin
 from autockpt_core.agreed_check import AgreedCheck
 from autockpt_core.config import path_of_location
 from autockpt_core.fit_driver import FitDriver
-from autockpt_core.persist import MANIFEST_NAME, CheckpointRecord, Storage, location_of
+from autockpt_core.persist import CheckpointRecord, Storage, location_of
 from autockpt_core.persist.storage import download
 from autockpt_core.persist.verified_fetch import FetchWhileVerifying
 
@@ -96,8 +96,7 @@ def load_newest(
     takes_weights_only = "weights_only" in inspect.signature(type(connector)._restore_modules_and_callbacks).parameters
     # Rank 0 loads each candidate while verifying it (verified_load.py): the file is read once;
     # under a URL it is downloaded once, verified on the way, and loaded from that copy.
-    remote = storage.local_path(MANIFEST_NAME) is None
-    fetches = FetchWhileVerifying(storage) if driver.session is not None and remote else None
+    fetches = FetchWhileVerifying(storage) if driver.session is not None else None  # only verifies local files
     loads = None
     if driver.session is not None and takes_weights_only and fusable(trainer, sharded):
         loads = LoadWhileVerifying(

@@ -62,16 +62,15 @@ class FetchWhileVerifying:
         self.discard()  # at most one candidate's copy on disk
         if not self.fetches(record):
             return verify(self.storage, record)
-        if not self.storage.exists(record.name):
+        start = time.perf_counter()
+        try:
+            source = self.storage.open_read(record.name)  # an object store's open asks for its size
+        except FileNotFoundError:
             return MISSING
         target = LocalStorage(self.directory, fsync=False)
         name = f"{PREFIX}{uuid.uuid4().hex[:12]}-{record.name}"
-        start = time.perf_counter()
-        try:
-            with self.storage.open_read(record.name) as source:
-                result = target.write_atomic(name, lambda out: shutil.copyfileobj(source, out, BLOCK))
-        except FileNotFoundError:  # removed since it was listed (retention of another run)
-            return MISSING
+        with source:
+            result = target.write_atomic(name, lambda out: shutil.copyfileobj(source, out, BLOCK))
         path = os.path.join(self.directory, name)
         problem = size_mismatch(result.size, record.size) or checksum_mismatch(result.checksum, record.checksum)
         if problem is not None:
