@@ -41,7 +41,7 @@ from .persist import (
     write_tensor_file,
 )
 from .persist.names import checkpoint_name
-from .policy import CheckpointPolicy, Decision, Estimates, IntervalChoice, Profiler, choose_interval
+from .policy import CheckpointPolicy, Decision, Estimates, IntervalChoice, IntervalRules, Profiler, choose_interval
 from .policy.intervals import (
     budget_interval_steps,
     daly_interval,
@@ -87,6 +87,7 @@ __all__ = [
     "WriteResult",
     "budget_interval_steps",
     "checkpoint_name",
+    "IntervalRules",
     "choose_interval",
     "daly_interval",
     "find_latest_valid",

@@ -16,8 +16,8 @@ Call order (training thread; ``abandon`` from any thread)::
     expect_end(step)       the step training will end after, where the adapter knows it (any time)
     boundary(step)         between steps, not after one (Lightning's train start, Keras' epoch
                            start): a checkpoint deferred to here, then a signal on any process
-    step_end(step, ...)    after every optimizer step: decide (process 0), agree, checkpoint or
-                           defer, act on a signal
+    step_end(step, ...)    after every optimizer step: note it; where a checkpoint may be due,
+                           decide (process 0), agree, checkpoint or defer, act on a signal
     add_blocked(seconds)   time this process waited for a checkpoint outside the driver
     final(step, ...)       end of training: the final checkpoint, unless the loss is not finite
     finish()               wait for the last persist (its error raised on every process), the
@@ -25,22 +25,14 @@ Call order (training thread; ``abandon`` from any thread)::
     end(step)              after finish: Preempted for a signal that came after the last step
     abandon()              fit() raised: the in-flight persist completes, its error is logged
 
-Deferral: a checkpoint due at a boundary the adapter reports ``unclean`` (one a resumed run
-cannot continue from exactly) is taken at the next boundary, once: Lightning's next step end,
-Keras' next epoch start. With ``signals_wait=True`` a signal there waits too (Lightning: the
-run is stopped at the next clean step); otherwise a signal checkpoints at once.
-
-Preparation: a checkpoint the policy calls due while a one-time preparation of the snapshot
-still runs in the background (the session's buffer prefault, the adapter's ``preparing``, e.g.
-TensorFlow tracing its batched read) would wait for the rest of it on the training thread. It
-is taken at the first step end after the preparation finished instead, at most
-``PREPARATION_WAIT_S`` of training later (then it waits). A signal's checkpoint, the final one
-and those of ``every_n_steps`` (exact steps asked for) are not put off.
+The hot path: most ``step_end`` calls only note the step in a preallocated ring
+(:mod:`autockpt_core.step_ring`); the statistics and the decision run where a checkpoint may be
+due (docs/architecture.md, "The per-step path"). A checkpoint put off (an unclean boundary, a
+one-time preparation still running): :mod:`autockpt_core.due`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -48,17 +40,21 @@ import signal
 import threading
 import time
 import warnings
-from typing import Callable, SupportsFloat
+from typing import Callable
 
 from .checkpoint_event import CheckpointEvent
 from .config import Config
+from .due import PREPARATION_WAIT_S, Deferral, Due, PreparationGate
 from .emergency import commit_emergency
 from .persist import CheckpointRecord
 from .persist.failures import unfinished_message
 from .policy.process_group import ProcessGroup
 from .policy.rank_timing import StepClock
 from .preemption import Preempted, PreemptionHandler, PreemptionRecord
+from .policy.rank_timing import RankTimes
+from .fit_records import FitRecords
 from .session import CheckpointSession
+from .step_ring import Drained, StepRing
 from .summary import RunSummary
 
 __all__ = ["FINAL_REASON", "PREPARATION_WAIT_S", "Due", "FitDriver", "FitRecords"]
@@ -66,47 +62,17 @@ __all__ = ["FINAL_REASON", "PREPARATION_WAIT_S", "Due", "FitDriver", "FitRecords
 log = logging.getLogger("autockpt")
 
 FINAL_REASON = "end of training"
-PREPARATION_WAIT_S = 30.0  # the longest a due checkpoint waits for a one-time preparation
+_NO_TIMES = RankTimes(0.0, 0.0)  # one process: its step times are not exchanged
 
 
-@dataclasses.dataclass(frozen=True)
-class Due:
-    """A checkpoint the adapter's ``take`` is to take now, of the state at this boundary.
-
-    ``reason``: process 0's (it decides; empty on the other processes, except after a signal);
-    ``final``: the end-of-training checkpoint; ``exact``: False when a run cannot continue from
-    this boundary exactly (a final checkpoint at an unclean boundary; recorded in its meta).
-    """
-
-    step: int
-    reason: str
-    final: bool = False
-    exact: bool = True
+def _float_or_none(value: object) -> float | None:
+    return float(value) if value is not None else None  # type: ignore[arg-type]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Deferral:
-    step: int
-    reason: str | None  # None: only a signal was put off; "" on the processes that do not decide
+class _NoSignal:
+    """Stands in for the preemption handler where signals are off: never a signal."""
 
-    def reason_at(self, step: int) -> str | None:
-        if not self.reason or step == self.step:
-            return self.reason
-        return f"{self.reason} (deferred from step {self.step})"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Waiting:
-    """A due checkpoint put off while a one-time preparation runs (process 0)."""
-
-    step: int
-    reason: str
-    since: float  # the driver's clock when it was first due
-
-    def reason_at(self, step: int) -> str:
-        if step == self.step:
-            return self.reason
-        return f"{self.reason} (deferred from step {self.step}: a one-time preparation was still running)"
+    signum: int | None = None
 
 
 class FitDriver:
@@ -141,7 +107,8 @@ class FitDriver:
         nothing_left: Callable[[], str] | None = None,
         device_busy: Callable[[], bool] | None = None,
         preparing: Callable[[], bool] | None = None,
-        clock: Callable[[], float] = time.perf_counter,
+        loss_of: Callable[[object], float | None] = _float_or_none,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self.group = group
@@ -155,13 +122,17 @@ class FitDriver:
         self._nothing_left = nothing_left
         self._device_busy = device_busy
         self._preparing = preparing
-        self._clock = clock
-        self._step_clock = StepClock(clock)
+        self._loss_of = loss_of
+        # the session's clock: the steps' end times go to it
+        self._clock = clock if clock is not None else (session.clock if session is not None else time.perf_counter)
+        self._step_clock = StepClock(self._clock)
+        self._ring = StepRing()
+        self._signals = preemption if preemption is not None else _NoSignal()
+        self._gate = PreparationGate(self._clock, exact_steps=config.every_n_steps is not None)
         self._finish_lock = threading.Lock()
         self._finished = False
         self._late_signal: int | None = None
-        self._deferral: _Deferral | None = None
-        self._waiting: _Waiting | None = None
+        self._deferral: Deferral | None = None
         self._logged_interval: int | None = None
         self._recording_s = 0.0  # the previous step's session.hook_time call
         self.events: list[CheckpointEvent] = []
@@ -170,14 +141,13 @@ class FitDriver:
         self.resumed_from: int | None = None
         self.saved_step: int | None = None  # the newest checkpoint's step (taken or resumed)
         self.trained = False  # an optimizer step ran in this fit
-        self.last_loss: SupportsFloat | None = None  # process 0, not read on the host until needed
+        self.last_loss: object = None  # the adapter's raw value, read (loss_of) only when needed
 
     @property
     def writes(self) -> bool:
         """Whether this process runs the session (process 0)."""
         return self.session is not None
 
-    # -- start --------------------------------------------------------------------------------
 
     def resume_record(
         self, pick: Callable[[CheckpointSession], CheckpointRecord | None] | None = None
@@ -213,11 +183,11 @@ class FitDriver:
         if self.session is not None:
             self.session.expect_end(step if self.save_on_train_end else None)
 
-    # -- boundaries ---------------------------------------------------------------------------
 
     def boundary(self, step: int) -> None:
         """Collective, between steps: a checkpoint deferred to here, then a signal any process
         received (during validation, the resume or an epoch-end callback) is acted on."""
+        self._record_ring()
         deferral, self._deferral = self._deferral, None
         reason = deferral.reason_at(step) if deferral is not None else None
         if reason is not None and step != self.saved_step:
@@ -228,37 +198,50 @@ class FitDriver:
         if signum is not None:
             self._act_on_signal(step, signum, saved=False)
 
-    def step_end(self, step: int, *, loss: SupportsFloat | None = None,
-                 unclean: bool | Callable[[], bool] = False,
+    def step_end(self, step: int, loss: object = None, unclean: bool | Callable[[], bool] = False,
                  prepare: Callable[[CheckpointSession], None] | None = None) -> None:  # fmt: skip
-        """Collective, after every optimizer step: process 0 decides, every process agrees, then
-        the checkpoint (or its deferral) and a signal any process received. On process 0 the
-        time this call took, its checkpoint and (several processes) the collective aside, goes
-        to the session as the step's hook time (the time of handing it over goes with the next
-        step's); 0 where ``device_busy`` says the accelerator still had queued work when it
-        ended (the host runs ahead of the device, so the training did not wait for it).
-
-        ``loss`` and ``unclean`` are read on process 0 only. ``unclean`` may be a function, called
-        (training thread, this step) only where its answer matters: at every step of a job of
-        several processes; in a job of one, when a checkpoint is due or a signal came.
-        ``prepare(session)`` runs on process 0 before the decision (buffer allocation), its
-        error raised on every process. ``loss`` may be a device tensor: it is read on the host
-        (``float``, which may wait for a GPU) only where the policy needs every step's loss (the
-        front-loaded schedule fits the loss curve), and the last one by :meth:`final`.
+        """After every optimizer step. The hot path: the step, the clock and the raw ``loss`` go
+        into the ring and the call returns, unless a checkpoint may be due at this step or time
+        (the last decision's ``next_step``/``next_time``), the ring is full, or a signal came.
+        Then, collective: the ring's steps go to the session, process 0 decides, every process
+        agrees, and the checkpoint (or its deferral) and a signal follow; a job of several
+        processes does this at every step. ``loss`` is read (``loss_of``, which may wait for a
+        GPU) only for the front-loaded schedule and by :meth:`final`. ``unclean`` may be a
+        function, called only where its answer matters (several processes: every step; one: a
+        checkpoint due or a signal). ``prepare(session)`` runs on process 0 before a decision.
+        Hook time (each hot-path step's, and the decision's without its checkpoint and the wait
+        for the slowest process) goes to the session; none where ``device_busy()`` says the
+        accelerator still had queued work at the decision.
         """
-        entry = self._clock()
+        now = self._clock()
+        ring = self._ring
+        i = ring.count
+        ring.steps[i] = step
+        ring.ends[i] = now
+        ring.losses[i] = loss
+        ring.count = i + 1
+        if step < ring.check_step and now < ring.check_time and i + 1 < ring.capacity and self._signals.signum is None:
+            ring.exits[i] = self._clock()
+            return
+        ring.exits[i] = now  # this step's hook time is the decision's, measured below
+        self._decide(step, now, unclean, prepare)
+
+    def _decide(self, step: int, entry: float, unclean: bool | Callable[[], bool],
+                prepare: Callable[[CheckpointSession], None] | None) -> None:  # fmt: skip
+        """The collective part of :meth:`step_end` (see there)."""
         self.trained = True
-        times = self._step_clock.lap()
+        times = self._step_clock.lap() if self.group.count > 1 else _NO_TIMES
         session = self.session
-        save, reason, error, decision = False, "", None, None
-        if session is not None:
-            self.last_loss = loss
+        save, reason, error, decision, drained = False, "", None, None, None
+        if session is None:
+            self._ring.drain()
+        else:
             try:
+                drained = self._record_ring(hooks=False)
                 if prepare is not None:
                     prepare(session)
-                every_step = loss is not None and self.config.schedule == "front_loaded"
-                decision = session.step_end(step, loss=float(loss) if every_step else None)
-                save, reason = self._unless_preparing(step, session, decision.save, decision.reason)
+                decision = session.decide(step, entry)
+                save, reason = self._gate.check(step, decision.save, decision.reason, self._is_preparing)
             except Exception as exc:  # a background write error: every process stops with it
                 error = exc
         signum = self._signum()
@@ -276,13 +259,9 @@ class FitDriver:
         deferred_reason = deferral.reason_at(step) if deferral is not None else None
         if deferred_reason is not None and not save:
             save, reason = True, deferred_reason
-        if (
-            agreed.unclean
-            and deferral is None
-            and (save or signum is not None)
-            and (self._signals_wait or signum is None)
-        ):
-            self._deferral = _Deferral(step, reason if save else None)
+        if agreed.unclean and deferral is None and (save or signum is not None) and (
+                self._signals_wait or signum is None):  # fmt: skip
+            self._deferral = Deferral(step, reason if save else None)
             save, signum = False, None
         checkpoint_s = 0.0
         if save:
@@ -292,34 +271,52 @@ class FitDriver:
         elif session is not None and decision is not None and decision.interval is not None:
             if decision.interval.steps != self._logged_interval:
                 self._send_metrics()
-        if session is not None and decision is not None:
-            # the recording itself is part of the hooks' cost: it is counted with the next step
+        if session is not None and decision is not None and drained is not None:  # the recording
+            # itself is hook work too: it is counted with the next decision
             recording = self._clock()
-            spent = recording - entry - checkpoint_s - settle_s + self._recording_s
+            spent = recording - entry - checkpoint_s - settle_s + self._recording_s + drained.hook_seconds()
             if self._device_busy is not None and self._device_busy():
                 spent = 0.0  # the device still ran queued steps: the host's work here cost it nothing
-            session.hook_time(spent)
+            session.hook_time(spent, len(drained))
             self._recording_s = self._clock() - recording
+        # the next look: the step after a checkpoint (its stall and loaded steps are measured one
+        # by one), while one is deferred or waits, and every step of a job of several processes
+        asked = (decision.next_step, decision.next_time) if decision is not None else (None, None)
+        asks = not save and self.group.count == 1 and not (self._deferral or self._gate.waiting)
+        self._ring.plan(step, entry, *(asked if asks else (None, None)))
         if signum is not None:
             self._act_on_signal(step, signum, saved=save)
+
+    def _record_ring(self, hooks: bool = True) -> Drained:
+        """Hand the steps the hot path collected (and, with ``hooks``, their hook time) to the
+        session (process 0): before a decision, a checkpoint outside :meth:`step_end`, the end."""
+        drained = self._ring.drain()
+        if len(drained) and self.session is not None:
+            self.last_loss = drained.losses[-1]
+            losses = drained.float_losses(self._loss_of) if self.config.schedule == "front_loaded" else None
+            self.session.record_steps(drained.steps, drained.ends, losses)
+            if hooks:  # none where the device still runs queued steps (see step_end)
+                hidden = self._device_busy is not None and self._device_busy()
+                self.session.hook_time(0.0 if hidden else drained.hook_seconds(), len(drained))
+        return drained
 
     def add_blocked(self, seconds: float) -> None:
         """This process waited ``seconds`` for a checkpoint outside the driver (an overlapping
         copy before the optimizer update): not counted in its step time."""
         self._step_clock.add_blocked(seconds)
 
-    # -- end ----------------------------------------------------------------------------------
 
     def final(self, step: int, *, unclean: bool = False) -> None:
         """Collective, at the end of training: the final checkpoint (``save_on_train_end``), or a
         deferred one still due; none when the newest checkpoint holds ``step``, nothing was
         trained, or process 0's last loss is not finite (a warning names the checkpoint kept)."""
+        self._record_ring()
         deferral, self._deferral = self._deferral, None
-        self._waiting = None  # the final checkpoint follows
+        self._gate.waiting = None  # the final checkpoint follows
         deferred = deferral.reason if deferral is not None else None
         reason = deferred if deferred is not None and not self.save_on_train_end else FINAL_REASON
         take = (self.save_on_train_end or deferred is not None) and self.trained and step != self.saved_step
-        loss = float(self.last_loss) if take and self.last_loss is not None else None
+        loss = self._loss_of(self.last_loss) if take and self.last_loss is not None else None
         if take and self.session is not None and loss is not None and not math.isfinite(loss):
             warnings.warn(
                 f"autockpt: no final checkpoint: the last loss is {loss}; the newest checkpoint stays "
@@ -342,6 +339,10 @@ class FitDriver:
             if self._finished:
                 return
             self._finished = True
+        try:
+            self._record_ring()
+        except Exception as exc:  # a background write error: raised below, by the session's finish
+            log.debug("autockpt: %s", exc)
         error = self._close(failed=False)
         self._late_signal = self.group.settle(error, signum=self._signum()).signum
         if self.session is None:
@@ -374,25 +375,6 @@ class FitDriver:
         if error is not None:
             log.error("%s", unfinished_message(error, self.config.dirpath))
 
-    # -- internals ----------------------------------------------------------------------------
-
-    def _unless_preparing(self, step: int, session: CheckpointSession, save: bool, reason: str) -> tuple[bool, str]:
-        """Process 0, after the decision: a due checkpoint waits while a one-time preparation
-        runs (at most ``PREPARATION_WAIT_S``); one put off is taken once it finished."""
-        waiting = self._waiting
-        if (waiting is None and not save) or self.config.every_n_steps is not None:
-            return save, reason  # every_n_steps: the user asked for these exact steps
-        if not (session.preparing() or (self._preparing is not None and self._preparing())):
-            self._waiting = None
-            return True, waiting.reason_at(step) if waiting is not None else reason
-        now = self._clock()
-        if waiting is None:
-            waiting = _Waiting(step, reason, now)
-        if now - waiting.since < PREPARATION_WAIT_S:
-            self._waiting = waiting
-            return False, reason
-        self._waiting = None
-        return True, waiting.reason_at(step)
 
     def _close(self, failed: bool) -> BaseException | None:
         """Drain the adapter's own work, then finish the session; the first error, returned."""
@@ -459,32 +441,9 @@ class FitDriver:
         self._logged_interval = int(interval) if interval is not None else None
         self._publish(metrics)
 
+    def _is_preparing(self) -> bool:  # a one-time preparation of the snapshot (the session's or the adapter's)
+        session = self.session
+        return (session is not None and session.preparing()) or (self._preparing is not None and self._preparing())
+
     def _signum(self) -> int | None:
         return self.preemption.signum if self.preemption is not None else None
-
-
-class FitRecords:
-    """What the current (or last) ``fit()``'s driver recorded, as a callback's attributes (a
-    base of both callbacks, which keep their driver in ``_driver``; empty before a fit)."""
-
-    _driver: FitDriver | None = None
-
-    @property
-    def events(self) -> list[CheckpointEvent]:
-        """The checkpoints taken, as :class:`CheckpointEvent` records (process 0)."""
-        return self._driver.events if self._driver is not None else []
-
-    @property
-    def resumed_from(self) -> int | None:
-        """The step a resume restored, or None."""
-        return self._driver.resumed_from if self._driver is not None else None
-
-    @property
-    def preempted(self) -> PreemptionRecord | None:
-        """A :class:`PreemptionRecord` after a signal, else None."""
-        return self._driver.preempted if self._driver is not None else None
-
-    @property
-    def summary(self) -> RunSummary | None:
-        """The :class:`RunSummary` once the session finished (process 0), else None."""
-        return self._driver.summary if self._driver is not None else None

@@ -80,6 +80,8 @@ class RunLedger:
         if overhead.value is not None and overhead.band is not None:
             out["autockpt/overhead_pct"] = overhead.value * 100.0
             out["autockpt/overhead_band_pct"] = overhead.band * 100.0
+        if overhead.hooks is not None:
+            out["autockpt/hook_pct"] = overhead.hooks * 100.0
         if overhead.left_out:
             out["autockpt/left_out_steps"] = float(overhead.left_out)
         if buffers.peak_bytes:
@@ -110,6 +112,8 @@ class RunLedger:
             overhead_band=overhead.band,
             left_out_steps=overhead.left_out,
             left_out_s=overhead.left_out_s,
+            hooks=overhead.hooks,
+            hook_us=est.hook_s * 1e6 if est.hook_s is not None else None,
             budget=config.overhead_budget,
             interval_steps=interval.steps if interval is not None else None,
             interval_rule=interval.rule if interval is not None else None,

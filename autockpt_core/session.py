@@ -16,7 +16,11 @@ Adapters only translate framework hooks into these calls (training thread, in th
    Resuming continues that checkpoint's run (retention counts per framework and run); a
    session that does not resume starts a new run.
 2. ``start(step)`` when training starts (``step`` = global step after any restore).
-3. ``step_end(step, loss=...)`` after every optimizer step; it returns a :class:`Decision`.
+3. ``record_steps(steps, ends, losses)`` for the optimizer steps that ended (the driver's hot
+   path collects them and hands them over in batches, always before a checkpoint), then
+   ``decide(step, now)``, which returns a :class:`Decision`; ``hook_time(seconds, steps)``: what
+   autockpt's own hooks took in those steps. ``step_end(step, loss=...)`` does the first two for
+   one step that ended now.
 3b. ``combine_ranks(slowest)`` right after it, under data parallelism (the session runs on
    rank 0): the slowest rank's step and checkpoint-blocked times, agreed over the ranks
    (``autockpt_core.policy.rank_timing``), replace rank 0's own in the profiler.
@@ -50,15 +54,14 @@ framework or real time.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from .checkpoint_store import Check, CheckpointStore
+from .checkpoint_store import CheckpointStore
 from .config import Config
-from .persist import BufferPool, CheckpointRecord, CheckpointWriter, PersistJob, Storage
-from .persist.mirror import Mirror
-from .persist.persist_mode import PersistModeChoice
+from .persist import BufferPool, PersistJob, Storage
 from .persist.shared_memory import SharedArena
 from .policy import AdjusterSpec, CheckpointPolicy, Decision, Estimates, Profiler
 from .policy.adjusters import adjusters_from_config
@@ -67,12 +70,15 @@ from .policy.overhead_meter import Overhead
 from .policy.rank_timing import RankTimes
 from .run_ledger import RunLedger
 from .snapshot import PendingCopy, Snapshot, SnapshotFn
+from .store_parts import StoreParts
 from .summary import RunSummary
 
 __all__ = ["CheckpointSession", "PendingCopy", "Snapshot", "SnapshotFn"]
 
+log = logging.getLogger("autockpt")
 
-class CheckpointSession:
+
+class CheckpointSession(StoreParts):
     """See the module docstring for the call order and threading.
 
     ``shared_buffers(arena)``, ``persist_modules``, ``gpu``: the persist process's inputs
@@ -116,60 +122,13 @@ class CheckpointSession:
         self._last_step_time: float | None = None
         self._stall_since_last_step = 0.0
         self._loaded_since_last_step = False
-        self._last_loss: float | None = None
+        self._persist_done_at = -math.inf  # the clock when the newest persist committed (writer thread)
         self._pending: PendingCopy | None = None
         self._pending_stall: tuple[float, int] | None = None  # (stall so far, nbytes)
         self._cost = CostMeter()
         self._on_cost = on_checkpoint_cost
 
-    # -- the store's parts, as adapters and tests know them -----------------------------------
-
-    @property
-    def storage(self) -> Storage:
-        return self.store.storage
-
-    @property
-    def mirror(self) -> Mirror | None:
-        """The second tier (``config.mirror``) committed checkpoints are copied to, if any."""
-        return self.store.mirror
-
-    @property
-    def writer(self) -> CheckpointWriter:
-        return self.store.writer
-
-    @property
-    def buffers(self) -> BufferPool[Any]:
-        return self.store.buffers
-
-    @property
-    def persist_mode(self) -> PersistModeChoice:
-        return self.store.persist_mode
-
-    @property
-    def run(self) -> str | None:
-        """The run this session's records belong to: new, or the resumed checkpoint's."""
-        return self.store.run
-
-    @run.setter
-    def run(self, value: str | None) -> None:
-        self.store.run = value
-
-    @property
-    def copied_from_mirror(self) -> bool:
-        """``resume_record()`` found its checkpoint in the mirror only and copied it into ``dirpath``."""
-        return self.store.copied_from_mirror
-
-    @property
-    def process_writes(self) -> int:
-        """Checkpoint files the persist process wrote in this session (0 without one)."""
-        return self.store.process_writes
-
     # -- opening and closing ----------------------------------------------------------------
-
-    def open(self) -> None:
-        """:meth:`CheckpointStore.open` (idempotent; ``resume_record()``, ``start()`` and
-        ``save()`` call it): ``ConfigError`` or ``DirectoryLockedError`` surface here."""
-        self.store.open()
 
     def close(self) -> None:
         """Wait for the copy in flight and the persist, then release the buffers and the locks;
@@ -181,52 +140,6 @@ class CheckpointSession:
             self.before_update()
         finally:
             self.store.close()
-
-    def wait_for_persist_process(self, timeout: float = 60.0) -> bool:
-        """Block until the persist process is ready (benchmarks and tests; training thread,
-        no persist in flight). Until it is, checkpoints are written by the writer thread.
-        True at once without a persist process."""
-        return self.store.wait_for_persist_process(timeout)
-
-    # -- resume ---------------------------------------------------------------------------
-
-    def resume_record(
-        self,
-        accept: Callable[[CheckpointRecord], bool] | None = None,
-        before: CheckpointRecord | None = None,
-        check: Check | None = None,
-    ) -> CheckpointRecord | None:
-        """The newest checkpoint of this framework that verifies (and ``accept`` takes), if ``config.resume``.
-
-        ``before``: a record this returned earlier; only checkpoints committed before it count.
-        ``check``: verifies a ``dirpath`` record in place of reading it here (checkpoints written
-        by every process: :class:`~autockpt_core.agreed_check.AgreedCheck`; one read that
-        verifies and loads: ``ReadWhileVerifying``, Lightning's ``LoadWhileVerifying``).
-        Opens the session first, but leaves the persist process to :meth:`start` (its imports
-        would compete with the resume's load for the CPU). A record found makes this session continue its run. With a
-        mirror, the newest of either tier; one only the mirror has is copied into ``dirpath``
-        first (``autockpt_core.persist.tiers``), so the record is always ``dirpath``'s.
-        """
-        return self.store.resume_record(accept, before, check)
-
-    def staging_directory(self) -> Path:
-        """An empty staging directory in ``dirpath`` for the next multi-file checkpoint (a
-        sharded model's; :mod:`autockpt_core.persist.file_set`), which every rank writes into.
-
-        Training thread, before :meth:`save` (whose snapshot returns a ``Snapshot`` with a
-        ``file_set`` naming it). Waits for the in-flight persist and raises its error first, so
-        no rank starts writing for a checkpoint that then fails to be taken. Local ``dirpath``
-        only (``ValueError`` otherwise; adapters refuse such a setup at train start).
-        """
-        return self.store.staging_directory()
-
-    def path_of(self, record: CheckpointRecord) -> str:
-        """Local path of a record's file (raises for remote storage)."""
-        return self.store.path_of(record)
-
-    def records(self) -> list[CheckpointRecord]:
-        """The manifest's records, oldest first."""
-        return self.store.records()
 
     # -- training loop ----------------------------------------------------------------------
 
@@ -244,36 +157,59 @@ class CheckpointSession:
         self.policy.expect_end(step)
 
     def step_end(self, step: int, loss: float | None = None) -> Decision:
-        """Record one finished optimizer step and decide whether to checkpoint now."""
-        self.store.raise_if_failed()
+        """One optimizer step ended now: :meth:`record_steps` for it, then :meth:`decide`."""
         now = self.clock()
-        writer = self.store.writer
-        if self.ledger.start_time is None:  # the adapter did not call start(): begin here
-            self.start(step)
-        elif self._last_step_time is not None:
-            duration = now - self._last_step_time - self._stall_since_last_step
-            loaded = self._loaded_since_last_step or writer.busy
-            self.profiler.record_iteration(duration, loaded=loaded)
-            self.ledger.step(duration, loaded)
-            if self._cost.measuring:
-                self._cost.add_step(duration)
-                if not writer.busy and self._pending is None:
-                    self._report_cost()
-        self._last_step_time = now
-        self._stall_since_last_step = 0.0
-        self._loaded_since_last_step = writer.busy
-        if loss is not None:
-            self._last_loss = float(loss)
-        step_loss = self._last_loss if loss is not None else None  # the policy sees this step's loss only
-        decision = self.policy.decide(step, now, self.profiler.step_reading(), writer.busy, loss=step_loss)
+        self.record_steps([step], [now], [loss])
+        return self.decide(step, now)
+
+    def record_steps(self, steps: Sequence[int], ends: Sequence[float],
+                     losses: Sequence[float | None] | None = None) -> None:  # fmt: skip
+        """Optimizer steps ``steps`` ended at ``ends`` (this session's clock, oldest first; the
+        driver collects them on its hot path and hands them over in batches, always before a
+        checkpoint): each one's duration, net of the checkpoint stall before it, goes to the
+        profiler, the ledger and the policy's observers. A step is *loaded* when a snapshot or a
+        persist overlapped it: one begun before it, or a persist still running at its end (the
+        writer thread notes when each persist committed). ``losses``: each step's training loss
+        (None: not read). Training thread; raises a background write error first."""
+        self.store.raise_if_failed()
+        busy = self.store.writer.busy
+        done_at = self._persist_done_at
+        if self.ledger.start_time is None:  # the adapter did not call start(): begin at the first
+            self.start(steps[0])
+            steps, ends = steps[1:], ends[1:]
+            losses = losses[1:] if losses is not None else None
+        profiler, ledger, cost, policy = self.profiler, self.ledger, self._cost, self.policy
+        for i, end in enumerate(ends):
+            running = busy or done_at > end  # a persist still ran when this step ended
+            if self._last_step_time is not None:
+                duration = end - self._last_step_time - self._stall_since_last_step
+                loaded = self._loaded_since_last_step or running
+                profiler.record_iteration(duration, loaded=loaded)
+                ledger.step(duration, loaded)
+                if cost.measuring:
+                    cost.add_step(duration)
+                    if not running and self._pending is None:
+                        self._report_cost()
+            self._last_step_time = end
+            self._stall_since_last_step = 0.0
+            self._loaded_since_last_step = running
+            loss = losses[i] if losses is not None else None
+            policy.observe_step(steps[i], end, running, float(loss) if loss is not None else None)
+
+    def decide(self, step: int, now: float) -> Decision:
+        """Whether to checkpoint after ``step`` (the newest step :meth:`record_steps` recorded),
+        at ``now``; the decision also says when the next one may be due
+        (:attr:`Decision.next_step`, :attr:`Decision.next_time`)."""
+        decision = self.policy.decide(step, now, self.profiler.step_reading(), self.store.writer.busy, observe=False)
         self.last_decision = decision
         return decision
 
-    def hook_time(self, seconds: float) -> None:
-        """autockpt's own work in the hook of the step :meth:`step_end` just recorded took
-        ``seconds`` (its checkpoint's stall not included): every step pays it, so it is counted
-        in the measured overhead, and the interval keeps the budget it leaves. Training thread."""
-        self.profiler.record_hook(seconds)
+    def hook_time(self, seconds: float, steps: int = 1) -> None:
+        """autockpt's own work in the hooks of the ``steps`` steps :meth:`record_steps` just
+        recorded took ``seconds`` in all (their checkpoints' stall not included). Every step pays
+        it, so the ledger reports it beside the checkpoints' overhead; the budget is the
+        checkpoints' (docs/policy.md, "The budget is for checkpoints"). Training thread."""
+        self.profiler.record_hook(seconds, steps)
         self.ledger.hooks(seconds)
 
     def preparing(self) -> bool:
@@ -361,6 +297,11 @@ class CheckpointSession:
         uploaded there too; re-raise their errors (training thread)."""
         self.store.flush()
 
+    @property
+    def copy_pending(self) -> bool:
+        """Whether a snapshot copy still overlaps the training (:meth:`before_update` waits for it)."""
+        return self._pending is not None
+
     def before_update(self) -> float:
         """Call right before each optimizer step: waits for a snapshot copy still in flight.
 
@@ -385,6 +326,7 @@ class CheckpointSession:
         return waited
 
     def _on_persisted(self, seconds: float) -> None:  # the writer thread, after each commit
+        self._persist_done_at = self.clock()
         self.profiler.record_persist(seconds)
 
     def _report_cost(self) -> None:
@@ -402,7 +344,11 @@ class CheckpointSession:
         finally:
             if self.ledger.checkpoints:
                 self.ledger.waited_at_end(self.clock() - start)
-        return self.summary()
+        summary = self.summary()
+        warning = summary.hooks_warning()
+        if warning is not None:
+            log.warning("%s", warning)
+        return summary
 
     # -- reporting ---------------------------------------------------------------------------
 

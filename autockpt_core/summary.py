@@ -16,7 +16,9 @@ class RunSummary:
     (:mod:`.policy.overhead_meter`), ``overhead_band``: the half-width of its ~95% band; a
     band wider than the budget is printed as such, not as a precise-looking number.
     ``left_out_steps``/``left_out_s``: steps over five clean steps long that the overhead left
-    out as the machine's stalls (:mod:`.policy.giant_steps`), and their seconds.
+    out as the machine's stalls (:mod:`.policy.giant_steps`), and their seconds. ``hooks``:
+    autockpt's own per-step work as a fraction of the step time, reported beside the budget
+    (which is the checkpoints'), and ``hook_us`` the same in microseconds per step.
     """
 
     framework: str
@@ -39,6 +41,8 @@ class RunSummary:
     overhead_band: float | None = None
     left_out_steps: int = 0
     left_out_s: float = 0.0
+    hooks: float | None = None
+    hook_us: float | None = None
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -60,9 +64,22 @@ class RunSummary:
                         "left out as the machine's")
         return (
             f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
-            f"persist {persist}, overhead {overhead}{left_out}, "
+            f"persist {persist}, overhead {overhead}{left_out}{self._hooks_text()}, "
             f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}{mirrored}"
         )
+
+    def hooks_warning(self) -> str | None:
+        """A warning when autockpt's own per-step work alone took over a tenth of the budget."""
+        if self.hooks is None or self.hooks <= self.budget / 10:
+            return None
+        return (f"autockpt: its own per-step work took {self.hooks * 100:.2f}% of the step time "
+                f"({self.hook_us:.0f}µs per step), over a tenth of the {self.budget * 100:.2f}% budget; "
+                "the budget bounds the checkpoints alone (docs/policy.md, 'The budget is for checkpoints')")
+
+    def _hooks_text(self) -> str:
+        if self.hooks is None or self.hook_us is None:
+            return ""
+        return f", hooks {self.hook_us:.0f}µs/step ({self.hooks * 100:.2f}% of a step)"
 
     def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)

@@ -18,12 +18,11 @@ Keras' state: the copy of every variable, the resume point of the data stream an
                           due at the last batch, a signal during validation or epoch-end callbacks)
     on_train_batch_begin  mark the batch as skipped or trained
     on_train_batch_end    skipped batches: nothing (the last puts the generators back); else
-                          count the step (no device read) and driver.step_end (the loss,
-                          unread, and whether it is the epoch's last batch); a
-                          checkpoint copies every variable into the session's buffers
+                          count the step (no device read) and driver.step_end (the logs,
+                          unread; whether it is the epoch's last batch, asked at a decision);
+                          a checkpoint copies every variable into the session's buffers
     on_epoch_end          add autockpt_checkpoints, _interval_steps, _stall_ms, _overhead_pct,
-                          _overhead_band_pct to the epoch logs (History comes after
-                          AutoCheckpoint and sees them)
+                          _overhead_band_pct, _hook_pct to the epoch logs (epoch_logs.py)
     on_train_end          driver.final, driver.finish, uninstall the handlers, driver.end
     (a hook raising)      release handlers, data stream and session: driver.abandon
 
@@ -42,11 +41,9 @@ steps and the copy is consistent; only the persist runs in the background, readi
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import warnings
-from typing import Any, Callable, TypeVar, cast
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -68,8 +65,9 @@ from . import fork_fix
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
 from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, warm_copier
 from .data_stream import find_epoch_iterator
+from .epoch_logs import LOG_KEYS, log_values, loss_in_logs
 from .exact_resume import ExactResume
-from .fit_guard import FitGuard
+from .fit_guard import FitGuard, ends_fit_on_error
 from .input_checks import InputReport, inspect_inputs
 from .jax_state import global_step
 from .processes import Processes, processes_for
@@ -82,43 +80,6 @@ from .step_count import StepCount, planned_end_step
 from .strategies import check_strategy
 
 log = logging.getLogger("autockpt")
-
-
-def install_fork_fix(backend: str, inputs_kind: str) -> None:
-    """A torch ``DataLoader`` on TensorFlow forks its workers from tf.data's threads:
-    :mod:`autockpt_keras.fork_fix` lets them exit cleanly on every interpreter."""
-    if backend == "tensorflow" and inputs_kind == "torch DataLoader":
-        fork_fix.install()
-
-#: Keys added to the epoch logs (and so to ``History``), from ``session.metrics()``.
-LOG_KEYS = {
-    "autockpt_checkpoints": "autockpt/checkpoints",
-    "autockpt_interval_steps": "autockpt/interval_steps",
-    "autockpt_stall_ms": "autockpt/stall_ms",
-    "autockpt_overhead_pct": "autockpt/overhead_pct",
-    "autockpt_overhead_band_pct": "autockpt/overhead_band_pct",
-}
-
-
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-def _ends_fit_on_error(hook: _Hook) -> _Hook:
-    """A hook that raises ends this ``fit()`` for autockpt before the exception leaves it.
-
-    Keras has no hook for a ``fit()`` that raises, so the signal handlers and the session
-    (with its directory lock) are released here: ``fit()`` is about to raise this exception.
-    """
-
-    @functools.wraps(hook)
-    def wrapper(self: "AutoCheckpoint", *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except BaseException:
-            self._end_failed_fit()
-            raise
-
-    return cast(_Hook, wrapper)
 
 
 class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
@@ -161,6 +122,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._initial_epoch_to_put_back: tuple[Any] | None = None
         self._guard = FitGuard(())  # per fit(): its handlers, and a watch for a fit() that raised
         self._processes: Processes = Processes()  # replaced per fit() (jax.distributed: several)
+        self._step_end: Callable[..., None] = self._before_fit  # the driver's, from on_train_begin
+        self._prepare = self._prepare_buffers  # bound once: the per-batch hook passes them on
+        self._at_last = self._at_last_batch
         self._reset_fit_state()
 
     def _reset_fit_state(self) -> None:
@@ -177,7 +141,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
 
     # -- fit() hooks (training thread) --------------------------------------------------------
 
-    @_ends_fit_on_error
+    @ends_fit_on_error
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._end_failed_fit()  # what an earlier fit() that raised left (before its first epoch, ...)
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
@@ -208,7 +172,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._reset_fit_state()
         epoch_iterator = find_epoch_iterator()
         self.inputs = inspect_inputs(epoch_iterator, backend)
-        install_fork_fix(backend, self.inputs.kind)
+        fork_fix.install_for(backend, self.inputs.kind)
         self._exact = ExactResume(self.model, backend, epoch_iterator, self.inputs)
         if self.inputs.problems:
             warnings.warn(
@@ -222,7 +186,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             self.config, processes, self.session, self._take, save_on_train_end=self.save_on_train_end,
             preemption=self._guard.preemption, nothing_left=self._nothing_left,
             device_busy=device_busy_for(backend, self.model), preparing=lambda: copier_preparing(self._copier),
+            loss_of=loss_in_logs,
         )  # fmt: skip
+        self._step_end = driver.step_end
         reads = ReadWhileVerifying(self.session.storage) if self.session is not None else None
         record = driver.resume_record(
             (lambda session: session.resume_record(check=reads.check)) if reads is not None else None
@@ -232,7 +198,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._guard.start(self.model, driver.abandon if self.session is not None else None)
         driver.begin(self._steps.read_at(self.restored.step if self.restored is not None else None))
 
-    @_ends_fit_on_error
+    @ends_fit_on_error
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._put_back_initial_epoch()
         self._epoch_start = (epoch, self._batch)
@@ -250,19 +216,22 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if self._exact is not None:
             self._exact.batch_begin(batch)
 
-    @_ends_fit_on_error
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._require_exact().batch_end(batch):  # a skipped batch: it was drawn, not trained
-            self._steps.skipped(batch)
-            return
-        self._batch = batch
-        self._epoch_start = None
-        self._require_driver().step_end(
-            self._steps.trained(batch),
-            loss=(logs or {}).get("loss"),  # may be a device value: the driver reads it only when needed
-            unclean=self._is_last_batch(batch),  # taken at the next epoch's start, after validation
-            prepare=self._prepare_buffers,
-        )
+        # every batch: what ends_fit_on_error does, without its extra call
+        try:
+            exact = self._exact if self._exact is not None else self._require_exact()
+            if exact.batch_end(batch):  # a skipped batch: it was drawn, not trained
+                self._steps.skipped(batch)
+                return
+            self._batch = batch
+            self._epoch_start = None
+            # the driver notes the logs; the loss in them (maybe a device value), whether this is
+            # the epoch's last batch (taken at the next epoch's start, after validation) and the
+            # buffer preparation are read only at a decision
+            self._step_end(self._steps.trained(batch), logs, self._at_last, self._prepare)
+        except BaseException:
+            self._end_failed_fit()
+            raise
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._completed_epoch = epoch
@@ -273,7 +242,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if logs is not None:
             logs.update(self.log_values())
 
-    @_ends_fit_on_error
+    @ends_fit_on_error
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._guard.stop_watch()  # fit() ends through this hook: the session is finished here
         self._put_back_initial_epoch()
@@ -361,6 +330,10 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._initial_epoch_to_put_back = (self.model._initial_epoch,)
         self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
 
+    def _at_last_batch(self) -> bool:
+        """Whether the newest trained batch is the epoch's last."""
+        return self._batch is not None and self._is_last_batch(self._batch)
+
     def _is_last_batch(self, batch: int) -> bool:
         """Whether ``batch`` is the epoch's last (False when the epoch length is not known yet)."""
         steps = self._epoch_length()
@@ -395,8 +368,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
 
     def log_values(self) -> dict[str, float]:
         """The ``autockpt_*`` numbers for the logs (NaN where not measured yet)."""
-        metrics = self.session.metrics() if self.session is not None else {}
-        return {name: float(metrics.get(source, math.nan)) for name, source in LOG_KEYS.items()}
+        return log_values(self.session.metrics() if self.session is not None else {})
 
     def _read_iterations(self) -> int:
         """``optimizer.iterations`` (waits for the device). On JAX, Callback.model reattaches
@@ -417,6 +389,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if self._exact is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
         return self._exact
+
+    def _before_fit(self, *args: Any, **kwargs: Any) -> None:
+        self._require_driver()
 
     def _require_driver(self) -> FitDriver:
         if self._driver is None:

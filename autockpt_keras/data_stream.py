@@ -191,7 +191,9 @@ class DataStream:
         ei = self._ei
         if ei is None:
             return
-        self._tracked = _weak(ei._current_iterator)
+        current, tracked = ei._current_iterator, self._tracked
+        if tracked is None or tracked() is not current:  # a new iterator (a new reference only then)
+            self._tracked = _weak(current)
         num = getattr(ei, "_num_batches", None)
         if ei.steps_per_epoch and num and ei._steps_seen >= num:
             self._pending_rng = self._capture()

@@ -14,16 +14,38 @@ either way. The handler's check runs in the signal handler (main thread).
 
 from __future__ import annotations
 
+import functools
 import threading
 from types import FrameType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 from autockpt_core import PreemptionHandler
 
 from .fit_frame import find_fit_frame, is_on_stack
 from .fit_watch import FitWatch
 
-__all__ = ["FitGuard"]
+__all__ = ["FitGuard", "ends_fit_on_error"]
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+def ends_fit_on_error(hook: _Hook) -> _Hook:
+    """A callback hook that raises ends this ``fit()`` for autockpt before the exception leaves it.
+
+    Keras has no hook for a ``fit()`` that raises, so the signal handlers and the session
+    (with its directory lock) are released here (the callback's ``_end_failed_fit``):
+    ``fit()`` is about to raise this exception.
+    """
+
+    @functools.wraps(hook)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except BaseException:
+            self._end_failed_fit()
+            raise
+
+    return cast(_Hook, wrapper)
 
 
 class FitGuard:

@@ -48,3 +48,10 @@ def main_thread_after_fork() -> None:
     main._name = "MainThread"
     main._daemonic = False  # type: ignore[attr-defined]
     main._set_tstate_lock()  # type: ignore[attr-defined]
+
+
+def install_for(backend: str, inputs_kind: str) -> None:
+    """A torch ``DataLoader`` on TensorFlow forks its workers from tf.data's threads: install
+    the handler there (the callback's ``on_train_begin``), nowhere else."""
+    if backend == "tensorflow" and inputs_kind == "torch DataLoader":
+        install()

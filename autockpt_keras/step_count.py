@@ -50,9 +50,10 @@ class StepCount:
 
     def trained(self, batch: int) -> int:
         """Batches up to index ``batch`` of this epoch were trained (one call may train several)."""
-        self._step += max(1, batch - self._last_batch)
+        done = batch - self._last_batch
+        self._step = step = self._step + (done if done > 1 else 1)
         self._last_batch = batch
-        return self._step
+        return step
 
     def skipped(self, batch: int) -> None:
         """Batches up to ``batch`` were drawn by a resume without training."""

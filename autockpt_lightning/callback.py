@@ -45,7 +45,7 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import lightning.pytorch as pl
 import torch
@@ -67,6 +67,7 @@ from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import LightningRanks, check_strategy, warn_if_slurm_requeue
 from .planned_end import planned_end_step
+from .progress_counters import NOT_STARTED, Counter, epoch_counter, step_counter
 from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
 
@@ -121,6 +122,11 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._rng_for_save: dict[int, dict[str, Any]] | None = None
         self._preemption: PreemptionHandler | None = None
         self._last_step: int | None = None
+        self._step_end: Callable[..., None] = self._before_fit  # the driver's, from on_fit_start
+        self._unclean: bool | Callable[[], bool] = False
+        self._prepare: Callable[[CheckpointSession], None] | None = None
+        self._steps: Counter = NOT_STARTED  # global_step and current_epoch, from on_train_start
+        self._epochs: Counter = NOT_STARTED
         self._step_epoch: int | None = None  # the 0-based epoch the last optimizer step was trained in
         self._warned_loaders = False
         self._hidden_lightning_warning: tuple[Any, ...] | None = None
@@ -152,8 +158,12 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             self.config, LightningRanks(trainer), self._session, self._take,
             save_on_train_end=self.save_on_train_end, preemption=self._preemption, signals_wait=True,
             publish=self._publish, drain=self._drain, nothing_left=self._nothing_left,
-            device_busy=queue_busy_probe(trainer.strategy.root_device),
+            device_busy=queue_busy_probe(trainer.strategy.root_device), loss_of=_float_loss,
         )  # fmt: skip
+        self._step_end = driver.step_end
+        writes = driver.writes
+        self._unclean = (lambda: not _resume.at_clean_boundary(trainer)) if writes else False
+        self._prepare = self._warm_buffers if writes and self._sharded is None else None  # DCP: its own buffers
         if self.config.resume:
             config = self.config
             storage = self._session.storage if self._session is not None else None
@@ -175,6 +185,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             self._hidden_lightning_warning = hidden
         self._last_step = trainer.global_step
         self._step_epoch = None
+        self._steps, self._epochs = step_counter(trainer), epoch_counter(trainer)
         driver.begin(trainer.global_step)
         driver.expect_end(planned_end_step(trainer))
         driver.boundary(trainer.global_step)  # a signal during the resume or the sanity check
@@ -198,19 +209,13 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        step = trainer.global_step
+        step = self._steps.completed  # trainer.global_step
         if step == self._last_step:  # accumulating gradients: no optimizer step in this batch
             return
         self._last_step = step
-        self._step_epoch = trainer.current_epoch  # at train end current_epoch counts the epochs done
-        driver = self._require_driver()
-        writes = driver.writes
-        driver.step_end(
-            step,
-            loss=_loss_of(outputs) if writes else None,  # a tensor: the driver reads it only when needed
-            unclean=(lambda: not _resume.at_clean_boundary(trainer)) if writes else False,
-            prepare=self._warm_buffers if self._sharded is None else None,  # DCP stages into its own buffers
-        )
+        self._step_epoch = self._epochs.completed  # current_epoch; at train end it counts the epochs done
+        # the driver notes the raw outputs; _loss_of and the other callables run only at a decision
+        self._step_end(step, outputs, self._unclean, self._prepare)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -218,8 +223,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         """The weights may not change before an overlapping snapshot copy holds them
         (``snapshot_mode`` "overlap"/"device"): wait for it here (a no-op otherwise)."""
         driver = self._driver
-        if driver is None:
-            return
+        if driver is None or (self._sharded is None and not (self._session is not None and self._session.copy_pending)):
+            return  # nothing overlaps this step (the usual case: one attribute read)
         if self._sharded is not None:
             start = time.perf_counter()
             self._sharded.before_update()  # every rank's own staging copy
@@ -364,6 +369,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
         return CheckpointEvent.after_save(session, step, epoch, reason, stall, copied_bytes)
 
+    def _before_fit(self, *args: Any, **kwargs: Any) -> None:
+        self._require_driver()
+
     def _require_driver(self) -> FitDriver:
         if self._driver is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_fit_start; use it through Trainer.fit().")
@@ -373,6 +381,12 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         if self._trainer is None:
             raise RuntimeError("AutoCheckpoint hooks ran before on_fit_start; use it through Trainer.fit().")
         return self._trainer
+
+
+def _float_loss(outputs: Any) -> float | None:
+    """The loss in ``training_step``'s output as a float (on CUDA this waits for the step)."""
+    loss = _loss_of(outputs)
+    return float(loss) if loss is not None else None
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | float | None:

@@ -35,6 +35,7 @@ end. Pure apart from the session it wraps: no clock, no threads.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import statistics
@@ -63,7 +64,7 @@ def ab_block(every: int) -> int:
 class Alternation:
     """On and off blocks of ``block`` steps after ``warmup`` steps (the warm-up is on).
 
-    ``attach(session)`` wraps the session's ``step_end`` so a checkpoint decided in an off block
+    ``attach(session)`` wraps the session's ``decide`` so a checkpoint decided in an off block
     is not taken (the fixed interval's next multiple of ``k`` comes in the next on block), and
     its ledger so each step's *loaded* flag (the meter's view) is kept by global step.
     """
@@ -74,7 +75,6 @@ class Alternation:
         self.block, self.warmup = block, warmup
         self.loaded: dict[int, bool] = {}
         self.busy_after: dict[int, bool] = {}
-        self._step = 0
         self._session: Any = None
 
     def is_on(self, step: int) -> bool:
@@ -82,22 +82,30 @@ class Alternation:
         return step <= self.warmup or ((step - self.warmup - 1) // self.block) % 2 == 0
 
     def attach(self, session: Any) -> None:
-        """Wrap ``session.step_end`` and ``session.ledger.step`` (training thread, before the
-        first step after the warm-up)."""
-        decide, record = session.step_end, session.ledger.step
+        """Wrap ``session.decide``, ``session.record_steps`` and ``session.ledger.step`` (training
+        thread, before the first step after the warm-up)."""
+        decide, record_steps, record = session.decide, session.record_steps, session.ledger.step
+        queue: collections.deque[int] = collections.deque()
 
-        def step_end(step: int, *args: Any, **kwargs: Any) -> Any:
-            self._step = step
+        def steps_recorded(steps: Any, *args: Any, **kwargs: Any) -> Any:
+            queue.clear()
+            # the ledger hears them in this order; a session not started yet starts at the first
+            queue.extend(steps[1:] if session.ledger.start_time is None else steps)
+            return record_steps(steps, *args, **kwargs)
+
+        def decided(step: int, *args: Any, **kwargs: Any) -> Any:
             decision = decide(step, *args, **kwargs)
             if decision.save and not self.is_on(step):
                 decision = dataclasses.replace(decision, save=False, reason="held back: an off block of the A/B")
             return decision
 
         def ledger_step(seconds: float, loaded: bool) -> None:
-            self.loaded[self._step] = bool(loaded)
+            step = queue.popleft() if queue else max(self.loaded, default=0) + 1
+            self.loaded[step] = bool(loaded)
             record(seconds, loaded)
 
-        session.step_end = step_end
+        session.decide = decided
+        session.record_steps = steps_recorded
         session.ledger.step = ledger_step
         self._session = session
 

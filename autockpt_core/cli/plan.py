@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import Config
-from ..policy.decision import IntervalChoice, choose_interval
+from ..policy.decision import IntervalChoice, IntervalRules, choose_interval
 from ..policy.frontload import MAX_STRETCH, ValueModel, horizon_for, schedule_steps
 from ..policy.losscurve import fit_loss_curve
 from ..units import format_duration
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def plan(config: Config, args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``plan`` prints, as a JSON-ready dict."""
     est = estimates_from_args(args)
-    choice = choose_interval(config, est)
+    choice = choose_interval(IntervalRules.of(config), est)
     t = float(est.iter_time_s)  # type: ignore[arg-type]
     policies = {
         name: {"steps": steps, "seconds": steps * t, "what": DESCRIPTIONS.get(name, name)}

@@ -17,7 +17,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from ..policy.decision import choose_interval
+from ..policy.decision import IntervalRules, choose_interval
 from ..policy.frontload import MAX_STRETCH, ValueModel, horizon_for, schedule_steps
 from ..policy.intervals import daly_interval, young_interval
 from ..policy.losscurve import LossCurve, fit_loss_curve
@@ -64,8 +64,8 @@ def _schedules(args: argparse.Namespace) -> tuple[dict[str, Any], Job, Failures,
     else:  # exponential decay reaching 99% of its decrease at the end of the job
         curve, origin = LossCurve(rate=math.log(0.01) / horizon, log_scale=0.0, floor=0.0), "synthetic exp curve"
     model = ValueModel(curve, horizon)
-    choice = choose_interval(config, est)
-    checkfreq = choose_interval(config.replace(mtbf=None), est)
+    choice = choose_interval(IntervalRules.of(config), est)
+    checkfreq = choose_interval(IntervalRules.of(config.replace(mtbf=None)), est)
     cands = choice.candidates
     lo = max(cands[r] for r in ("budget", "persist", "min_interval") if r in cands)
     front = np.array(schedule_steps(model, cands["daly"], lo, cands.get("max_interval", math.inf), MAX_STRETCH))

@@ -21,6 +21,7 @@ from .decision import (
     Decision,
     IntervalAdjuster,
     IntervalChoice,
+    IntervalRules,
     choose_interval,
 )
 from .profiler import Estimates, Profiler
@@ -33,6 +34,7 @@ __all__ = [
     "Estimates",
     "IntervalAdjuster",
     "IntervalChoice",
+    "IntervalRules",
     "Profiler",
     "choose_interval",
 ]

@@ -56,7 +56,7 @@ import math
 import statistics
 
 from ..config import Config
-from .decision import Adjuster, IntervalChoice, checkpoint_budget, choose_interval
+from .decision import Adjuster, IntervalChoice, IntervalRules, choose_interval
 from .giant_steps import MIN_REFERENCE, GiantRates, is_giant
 from .profiler import Estimates
 from .stats import clearly_different, excess_sd, mean_sd, t_quantile
@@ -144,7 +144,7 @@ class AdaptiveTuner(Adjuster):
         if settle < 1 or max_windows < max(settle, 2):
             raise ValueError(f"need settle >= 1 and max_windows >= max(settle, 2), got {settle}, {max_windows}")
         self.config = config
-        self._aim = config.replace(overhead_budget=config.overhead_budget * target)
+        self._aim = IntervalRules.of(config).with_budget(config.overhead_budget * target)
         self.settle = settle
         self.max_windows = max_windows
         self.shorten_ratio = shorten_ratio
@@ -300,7 +300,7 @@ class AdaptiveTuner(Adjuster):
         measured = dataclasses.replace(est, iter_time_s=t, loaded_iter_time_s=None)
         in_force = (self._choice or base).steps
         target = choose_interval(self._aim, measured, cost_s=cost)
-        budget = checkpoint_budget(self.config.overhead_budget, measured)  # what the hooks leave
+        budget = self.config.overhead_budget
         overhead = cost / (in_force * t)
         if overhead > budget * (1 + 1e-6) and target.steps > in_force:
             direction, why = "lengthen", f"overhead {overhead:.2%} > budget {budget:.2%}"

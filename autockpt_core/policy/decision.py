@@ -1,13 +1,17 @@
 """When to checkpoint: the interval choice and the per-step decision.
 
-``choose_interval`` is a pure function of the config and the profiler's estimates.
+``choose_interval`` is a pure function of the interval settings (:class:`IntervalRules`) and
+the profiler's estimates.
 ``CheckpointPolicy`` adds the little state a decision needs (the last checkpoint's step and
 time); it never reads a clock itself: the caller passes ``now``.
 
 Call order (training thread): ``start(now, step)`` once; ``expect_end(step)`` whenever the
-step training ends at with a final checkpoint is known or changes; ``decide(step, now,
-estimates, persist_busy, loss=...)`` after every optimizer step; when it says save and the
-checkpoint was taken, ``record_checkpoint(step, now)``.
+step training ends at with a final checkpoint is known or changes; ``observe_step(step, now,
+persist_busy, loss)`` after every optimizer step and ``decide(step, now, estimates,
+persist_busy, observe=False)`` after the newest one whenever the caller asks (at least at the
+``next_step``/``next_time`` the previous decision gave; ``decide`` without ``observe=False``
+observes its step itself); when it says save and the checkpoint was taken,
+``record_checkpoint(step, now)``.
 
 Extension point: interval adjusters. Each is a callable taking the base ``IntervalChoice``, the
 estimates and the seconds since training started, returning a new ``IntervalChoice``; they run
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Callable, Mapping, Sequence, Union
 
 from ..config import Config
@@ -35,6 +40,8 @@ from .profiler import Estimates
 
 #: Clean iterations (after warm-up) to measure before the first, profiling checkpoint.
 MIN_PROFILE_ITERATIONS = 5
+#: ``Decision.next_step`` when only time can make a checkpoint due (``min_interval``).
+NO_STEP = sys.maxsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +74,18 @@ class IntervalChoice:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """Answer to "checkpoint now?" with the reason and the interval in force."""
+    """Answer to "checkpoint now?" with the reason and the interval in force.
+
+    ``next_step`` and ``next_time``: no checkpoint is due before this step, nor before this time
+    (the policy's clock), unless the estimates change; None: it may be due at the next step
+    (profiling, a deferral) or at any time. The driver's hot path asks again only then.
+    """
 
     save: bool
     reason: str
     interval: IntervalChoice | None = None
+    next_step: int | None = None
+    next_time: float | None = None
 
 
 IntervalAdjuster = Callable[[IntervalChoice, Estimates, float], IntervalChoice]
@@ -107,67 +121,75 @@ class Adjuster:
 AdjusterSpec = Union[IntervalAdjuster, Sequence[IntervalAdjuster], None]
 
 
-#: The share of the budget checkpoints keep when autockpt's own per-step work takes all of it.
-MIN_CHECKPOINT_SHARE = 0.1
+@dataclasses.dataclass(frozen=True)
+class IntervalRules:
+    """The settings :func:`choose_interval` reads (seconds; see :class:`~autockpt_core.config.Config`)."""
+
+    budget: float
+    mtbf: float | None = None
+    every_n_steps: int | None = None
+    min_interval: float | None = None
+    max_interval: float | None = None
+
+    @classmethod
+    def of(cls, config: Config) -> IntervalRules:
+        return cls(config.overhead_budget, config.mtbf, config.every_n_steps, config.min_interval, config.max_interval)
+
+    def with_budget(self, budget: float) -> IntervalRules:
+        return dataclasses.replace(self, budget=budget)
 
 
-def checkpoint_budget(budget: float, est: Estimates) -> float:
-    """The part of ``budget`` left to the checkpoints once autockpt's own per-step work
-    (``est.hook_s`` of every step of ``est.iter_time_s``) has taken its share; at least
-    :data:`MIN_CHECKPOINT_SHARE` of it, so that checkpoints are still taken, further apart,
-    where the hooks alone cost the whole budget (the overhead then reads above it, and says so)."""
-    hook, t = est.hook_s, est.iter_time_s
-    if not hook or not t or t <= 0:
-        return budget
-    return max(budget - hook / t, budget * MIN_CHECKPOINT_SHARE)
-
-
-def choose_interval(config: Config, est: Estimates, cost_s: float | None = None) -> IntervalChoice:
+def choose_interval(rules: IntervalRules, est: Estimates, cost_s: float | None = None) -> IntervalChoice:
     """The interval for the current estimates (requires ``est.ready`` unless every_n_steps is set).
 
-    Rules: the budget bound (cost / (k·t) ≤ the budget left after autockpt's per-step work,
-    :func:`checkpoint_budget`) and the persist bound (no new checkpoint
-    before the previous persist finished) give the densest allowed interval. With an MTBF, the
-    Daly optimum is used, but never denser than those bounds. ``min_interval``/``max_interval``
-    clamp the result; an explicit ``max_interval`` wins over the budget.
+    The budget is the checkpoints' alone: autockpt's own per-step work is measured and reported
+    beside it (docs/policy.md, "The budget is for checkpoints"). Rules:
 
-    ``cost_s`` is the training time one checkpoint costs. By default the budget bound takes it
-    from above (``Estimates.checkpoint_cost_s``: the stall plus the background slowdown's upper
-    bound, the whole persist time until that is measured), so the first interval keeps the
-    budget before any checkpoint window was measured; Young/Daly take the best estimate
-    (``Estimates.expected_cost_s``), as their optimum is no safer for a longer interval. The
-    adaptive tuner passes the cost it measured over recent checkpoint windows for both.
+    * without an MTBF, the densest interval the bounds allow: the budget bound (cost / (k·t) ≤
+      budget) with the cost bounded from above (``Estimates.checkpoint_cost_s``: the stall plus
+      the background slowdown's upper bound, the whole persist time until that is measured), so
+      the interval approaches the budget from below; and the persist bound (no new checkpoint
+      before the previous persist finished);
+    * with an MTBF, the Daly optimum for the best estimate of the cost
+      (``Estimates.expected_cost_s``), unless that cost at that interval exceeds the budget
+      (then the budget bound at that cost), and never before the previous persist finished.
+
+    ``min_interval``/``max_interval`` clamp the result; an explicit ``max_interval`` wins over
+    the budget. ``cost_s``: a measured cost per checkpoint that replaces both estimates (the
+    adaptive tuner passes the one it measured over recent checkpoint windows).
     """
-    if config.every_n_steps is not None:
-        steps = config.every_n_steps
+    if rules.every_n_steps is not None:
+        steps = rules.every_n_steps
         seconds = steps * (est.iter_time_s or 0.0)
         return IntervalChoice(steps, seconds, "every_n_steps", {"every_n_steps": steps})
     if not est.ready:
         raise ValueError("choose_interval needs measured iteration time, stall and persist time")
-    t = float(est.iter_time_s)  # type: ignore[arg-type]
+    t = max(float(est.iter_time_s), 1e-9)  # type: ignore[arg-type]
     stall = float(est.stall_s)  # type: ignore[arg-type]
     persist = float(est.persist_s)  # type: ignore[arg-type]
-    cost = float(cost_s) if cost_s is not None else float(est.checkpoint_cost_s)  # type: ignore[arg-type]
     expected = float(cost_s) if cost_s is not None else float(est.expected_cost_s)  # type: ignore[arg-type]
-    t = max(t, 1e-9)
+    if rules.mtbf is None:
+        cost = float(cost_s) if cost_s is not None else float(est.checkpoint_cost_s)  # type: ignore[arg-type]
+    else:
+        cost = expected
     candidates: dict[str, int] = {
-        "budget": budget_interval_steps(cost, t, checkpoint_budget(config.overhead_budget, est)),
+        "budget": budget_interval_steps(cost, t, rules.budget),
         "persist": persist_interval_steps(persist, stall, t),
     }
-    rule = max(("budget", "persist"), key=lambda r: candidates[r])
-    steps = candidates[rule]
-    if config.mtbf is not None:
+    if rules.mtbf is not None:
         daly_cost = max(expected, 1e-6)
-        candidates["young"] = seconds_to_steps(young_interval(daly_cost, config.mtbf), t)
-        candidates["daly"] = seconds_to_steps(daly_interval(daly_cost, config.mtbf), t)
-        if candidates["daly"] > steps:
-            rule, steps = "daly", candidates["daly"]
-    if config.min_interval is not None:
-        candidates["min_interval"] = max(1, math.ceil(config.min_interval / t))
+        candidates["young"] = seconds_to_steps(young_interval(daly_cost, rules.mtbf), t)
+        candidates["daly"] = seconds_to_steps(daly_interval(daly_cost, rules.mtbf), t)
+        rule = max(("daly", "budget", "persist"), key=lambda r: candidates[r])
+    else:
+        rule = max(("budget", "persist"), key=lambda r: candidates[r])
+    steps = candidates[rule]
+    if rules.min_interval is not None:
+        candidates["min_interval"] = max(1, math.ceil(rules.min_interval / t))
         if candidates["min_interval"] > steps:
             rule, steps = "min_interval", candidates["min_interval"]
-    if config.max_interval is not None:
-        candidates["max_interval"] = max(1, math.floor(config.max_interval / t))
+    if rules.max_interval is not None:
+        candidates["max_interval"] = max(1, math.floor(rules.max_interval / t))
         if candidates["max_interval"] < steps:
             rule, steps = "max_interval", candidates["max_interval"]
     return IntervalChoice(steps, steps * t, rule, candidates, cost_s=cost)
@@ -195,6 +217,7 @@ class CheckpointPolicy:
 
     def __init__(self, config: Config, interval_adjuster: AdjusterSpec = None) -> None:
         self.config = config
+        self.rules = IntervalRules.of(config)
         self.adjusters: list[IntervalAdjuster] = _as_list(interval_adjuster)
         self._start: float | None = None
         self._last_step: int | None = None
@@ -211,7 +234,7 @@ class CheckpointPolicy:
         """:func:`choose_interval` for ``est``, computed once per reading (a per-step decision
         reuses one reading for several steps: :meth:`Profiler.step_reading`)."""
         if self._chosen is None or self._chosen[0] is not est:
-            self._chosen = (est, choose_interval(self.config, est))
+            self._chosen = (est, choose_interval(self.rules, est))
         return self._chosen[1]
 
     def start(self, now: float, step: int = 0) -> None:
@@ -232,26 +255,40 @@ class CheckpointPolicy:
     def last_checkpoint_step(self) -> int | None:
         return self._last_step
 
-    def decide(
-        self, step: int, now: float, est: Estimates, persist_busy: bool, loss: float | None = None
-    ) -> Decision:
-        """Whether to checkpoint after optimizer step ``step`` (the global step count)."""
+    def observe_step(self, step: int, now: float, persist_busy: bool, loss: float | None = None) -> None:
+        """Optimizer step ``step`` ended at ``now`` (tells the adjusters; :meth:`decide` does it
+        for its own step unless ``observe=False``)."""
         if self._start is None:
             self.start(now, step)
         for adj in self._observers():
             adj.observe_step(step, now, persist_busy, loss)
+
+    def decide(
+        self, step: int, now: float, est: Estimates, persist_busy: bool, loss: float | None = None,
+        *, observe: bool = True,
+    ) -> Decision:  # fmt: skip
+        """Whether to checkpoint after optimizer step ``step`` (the global step count); with
+        ``observe``, :meth:`observe_step` first. The decision says when to ask again."""
+        if observe:
+            self.observe_step(step, now, persist_busy, loss)
+        elif self._start is None:
+            self.start(now, step)
         cfg = self.config
         if cfg.every_n_steps is not None:
+            n = cfg.every_n_steps
             self.current = self._chosen_for(est)
-            if step > 0 and step % cfg.every_n_steps == 0 and step != self._last_step:
-                return Decision(True, f"every_n_steps={cfg.every_n_steps}", self.current)
-            return Decision(False, "fixed interval not reached", self.current)
+            following = (step // n + 1) * n
+            if step > 0 and step % n == 0 and step != self._last_step:
+                return Decision(True, f"every_n_steps={n}", self.current)
+            return Decision(False, "fixed interval not reached", self.current, next_step=following)
 
-        since_time = now - (self._last_time if self._last_time is not None else now)
-        since_steps = step - (self._last_step if self._last_step is not None else step)
+        last_time = self._last_time if self._last_time is not None else now
+        last_step = self._last_step if self._last_step is not None else step
+        since_time, since_steps = now - last_time, step - last_step
+        deadline = last_time + cfg.max_interval if cfg.max_interval is not None else None
         if since_steps <= 0:
             return Decision(False, "no new step since the last checkpoint", self.current)
-        if cfg.max_interval is not None and since_time >= cfg.max_interval:
+        if deadline is not None and now >= deadline:
             return self._due(persist_busy, f"max_interval={cfg.max_interval:g}s elapsed")
         if not est.ready:
             clean = est.iterations_seen - cfg.warmup_steps
@@ -263,14 +300,16 @@ class CheckpointPolicy:
 
         choice = self.interval(est, now)
         if cfg.min_interval is not None and since_time < cfg.min_interval:
-            return Decision(False, "min_interval not reached", choice)
+            wait = last_time + cfg.min_interval
+            return Decision(False, "min_interval not reached", choice, next_step=NO_STEP,
+                            next_time=min(wait, deadline) if deadline is not None else wait)
         if since_steps >= choice.steps:
             reason = f"interval {choice.steps} steps reached ({choice.rule})"
             if self._final_comes_first(step, est):
                 return Decision(False, f"{reason}; skipped: the final checkpoint after step {self.end_step} "
-                                "comes before this one would be durable", choice)
+                                "comes before this one would be durable", choice, self.end_step, deadline)
             return self._due(persist_busy, reason)
-        return Decision(False, "interval not reached", choice)
+        return Decision(False, "interval not reached", choice, last_step + choice.steps, deadline)
 
     def _final_comes_first(self, step: int, est: Estimates) -> bool:
         """Whether the final checkpoint is taken before a checkpoint started now would be

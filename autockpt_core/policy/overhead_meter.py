@@ -4,14 +4,14 @@ Not the time the hooks blocked: the wall time of every step since warm-up agains
 same steps take without checkpoint work. Steps that overlapped no snapshot copy and no persist
 are *clean*; their mean ``m`` (and spread ``σ``) stand for the run without checkpointing. Then
 
-    extra = Σ loaded steps + Σ blocked time + Σ hook time − n_loaded · m
+    extra = Σ loaded steps + Σ blocked time − n_loaded · m
     overhead = extra / (n · m)          (n: every step counted)
 
-*Hook time* is the time autockpt's own per-step work took (the driver's step-end hook, timed
-by the driver: the profiler, the decision, the metrics), which clean steps pay as well, so the
-comparison with them cannot show it: it is measured directly and added (it carries no noise of
-its own). ``m`` includes it, which understates the overhead by a factor ``1 − h/m`` (about 2%
-of its value when the hooks take 2% of a step).
+This is what the checkpoints cost, the figure the budget bounds. *Hook time*, the time
+autockpt's own per-step work took (timed by the driver), is reported beside it as ``hooks``
+(``Σ hook time / (n · m)``): clean steps pay it as well, so the comparison with them cannot show
+it; it is measured directly (it carries no noise of its own). ``m`` includes it, which
+understates both figures by a factor ``1 − h/m`` (negligible at microseconds per step).
 
 The mean, not the median: a baseline's step time is a mean, and the slow outliers it has
 (a GC pause, a page-cache flush) fall in clean steps too. Noise: the loaded steps each carry
@@ -51,13 +51,16 @@ class Overhead:
     """One reading: ``value`` (a fraction, e.g. 0.012 = 1.2%) and ``noise`` (its standard
     deviation from step-to-step noise); both None until two clean steps and one loaded step or
     blocked interval were counted. ``steps``: the steps counted. ``left_out``/``left_out_s``:
-    giant steps not counted (see the module docstring) and their seconds."""
+    giant steps not counted (see the module docstring) and their seconds. ``hooks``: autockpt's
+    own per-step work as a fraction of the step time (None until two clean steps were counted),
+    not part of ``value``."""
 
     value: float | None
     noise: float | None
     steps: int
     left_out: int = 0
     left_out_s: float = 0.0
+    hooks: float | None = None
 
     @property
     def band(self) -> float | None:
@@ -180,13 +183,16 @@ class OverheadMeter:
             left_out = len(self._giants[False]) + len(self._giants[True])
             left_out_s = sum(self._giants[False]) + sum(self._giants[True])
         steps = n_c + n_l
-        if n_c < 2 or m <= 0 or (n_l == 0 and self._blocked == 0 and self._hooks == 0):
+        if n_c < 2 or m <= 0:
             return Overhead(None, None, steps, left_out, left_out_s)
-        sd = math.sqrt(max(m2, 0.0) / (n_c - 1))
-        extra = loaded_sum + self._blocked + self._hooks - n_l * m
         work = steps * m
+        hooks = self._hooks / work
+        if n_l == 0 and self._blocked == 0:
+            return Overhead(None, None, steps, left_out, left_out_s, hooks)
+        sd = math.sqrt(max(m2, 0.0) / (n_c - 1))
+        extra = loaded_sum + self._blocked - n_l * m
         noise = excess_sd(sd, n_l, n_c)
-        return Overhead(extra / work, noise / work, steps, left_out, left_out_s)
+        return Overhead(extra / work, noise / work, steps, left_out, left_out_s, hooks)
 
 
 def _welford_add(n: int, mean: float, m2: float, value: float) -> tuple[int, float, float]:

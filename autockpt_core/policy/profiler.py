@@ -35,7 +35,8 @@ class Estimates:
     robust standard deviation (1.4826 × the median absolute deviation; None below
     :data:`SPREAD_SAMPLES`): how much two identical steps differ on this machine, the noise
     against which a slowdown measured over a few steps is judged. ``hook_s``: the median time
-    of autockpt's own work in a step's hook (every step pays it; None until measured).
+    per step of autockpt's own work in its hooks (every step pays it; reported beside the
+    budget, not charged to it; None until measured).
     ``loaded_iterations`` and ``loaded_sd_s``: how many loaded iterations
     ``loaded_iter_time_s`` averages (in the window) and their spread, from which
     :attr:`checkpoint_cost_s` bounds the slowdown from above.
@@ -198,14 +199,14 @@ class Profiler:
                     self._refreshing = False
                     self._changed()
 
-    def record_hook(self, seconds: float) -> None:
-        """autockpt's own work in the hook of the iteration just recorded took ``seconds``
-        (not kept for warm-up iterations)."""
+    def record_hook(self, seconds: float, steps: int = 1) -> None:
+        """autockpt's own work in the hooks of the ``steps`` iterations just recorded took
+        ``seconds`` in all: their mean is one sample (not kept during warm-up)."""
         with self._lock:
-            if self._iterations <= self._warmup:
+            if self._iterations <= self._warmup or steps < 1:
                 return
             self._samples_since += 1
-            self._hook.append(max(0.0, seconds))
+            self._hook.append(max(0.0, seconds) / steps)
 
     def revise_last_iteration(self, seconds: float) -> None:
         """Replace the newest iteration's duration (the job's, once every rank's is known).

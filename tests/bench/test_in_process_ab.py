@@ -37,6 +37,7 @@ class _Writer:
 class _Ledger:
     def __init__(self) -> None:
         self.steps: list[tuple[float, bool]] = []
+        self.start_time = 0.0
 
     def step(self, seconds: float, loaded: bool) -> None:
         self.steps.append((seconds, loaded))
@@ -48,9 +49,17 @@ class _Session:
     def __init__(self) -> None:
         self.ledger, self.writer = _Ledger(), _Writer()
 
-    def step_end(self, step: int, loss: Any = None) -> Decision:
-        self.ledger.step(0.01, step == 7)
+    def record_steps(self, steps: list[int], ends: list[float], losses: Any = None) -> None:
+        for step in steps:
+            self.ledger.step(0.01, step == 7)
+
+    def decide(self, step: int, now: float) -> Decision:
         return Decision(step % 4 == 0, "every_n_steps=4")
+
+    def step_end(self, step: int) -> Decision:
+        """As the driver calls it: the steps since the last decision, then the decision."""
+        self.record_steps([step], [0.0])
+        return self.decide(step, 0.0)
 
 
 def test_a_checkpoint_due_in_an_off_block_is_held_back_and_the_meters_flags_are_kept() -> None:
@@ -61,6 +70,8 @@ def test_a_checkpoint_due_in_an_off_block_is_held_back_and_the_meters_flags_are_
     assert session.step_end(8).reason.startswith("held back")
     assert ab.loaded[7] is True and ab.loaded[6] is False
     assert len(session.ledger.steps) == 17  # the session still records every step
+    session.record_steps([17, 18, 19], [0.0] * 3)  # a batch from the driver's hot path
+    assert [ab.loaded.get(s) for s in (17, 18, 19)] == [False] * 3 and len(session.ledger.steps) == 20
     session.writer.busy = True
     ab.step_done(9)
     assert ab.busy_after[9] is True

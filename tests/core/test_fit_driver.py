@@ -50,11 +50,14 @@ class FakeSession:
         self.hook_times: list[float] = []
         self.prefaulting: set[int] = set()  # steps whose decision finds the buffers' prefault running
         self.step = 0
+        self.recorded: list[list[int]] = []  # the steps of each record_steps call
+        self.next_step: int | None = None
+        self.clock = time.perf_counter
 
     def preparing(self) -> bool:
         return self.step in self.prefaulting
 
-    def hook_time(self, seconds: float) -> None:
+    def hook_time(self, seconds: float, steps: int = 1) -> None:
         self.hook_times.append(seconds)
 
     def start(self, step: int) -> None:
@@ -63,13 +66,18 @@ class FakeSession:
     def expect_end(self, step: int | None) -> None:
         self.expected_end = step
 
-    def step_end(self, step: int, loss: float | None = None) -> Decision:
-        if step == self.fail_at:
-            raise OSError(f"disk full at step {step}")
-        self.losses.append(loss)
-        self.step = step
+    def record_steps(self, steps: list[int], ends: list[float], losses: list[float | None] | None = None) -> None:
+        self.recorded.append(list(steps))
+        if self.fail_at in steps:
+            raise OSError(f"disk full at step {self.fail_at}")
+        self.losses.extend(losses if losses is not None else [None] * len(steps))
+        self.step = steps[-1]
+
+    def decide(self, step: int, now: float) -> Decision:
+        """Save at the steps in ``due``; ask again at the next one (``next_step`` None), unless
+        ``next_step`` gives the step to ask at."""
         reason = self.due.get(step)
-        self.last_decision = Decision(save=reason is not None, reason=reason or "")
+        self.last_decision = Decision(save=reason is not None, reason=reason or "", next_step=self.next_step)
         return self.last_decision
 
     def combine_ranks(self, slowest: Any) -> None:
@@ -572,8 +580,10 @@ class TickingClock:
     def __init__(self) -> None:
         self.now = 0.0
 
+    tick = 1.0
+
     def __call__(self) -> float:
-        self.now += 1.0
+        self.now += self.tick
         return self.now
 
     def jump(self, seconds: float) -> None:
@@ -593,10 +603,10 @@ def test_the_hook_time_of_each_step_reaches_the_session_without_its_checkpoint(t
     driver.begin(0)
     for step in (1, 2, 3):
         driver.step_end(step, loss=1.0)
-    # a step reads the clock at its entry, its lap and before handing its time over: 2 ticks;
-    # the checkpoint's step reads it once more after the checkpoint, whose 100 s are its stall;
-    # handing it over took 1 tick, counted with the next step
-    assert session.hook_times == [2.0, 4.0, 3.0]
+    # a decision reads the clock at its entry and before handing its time over: 1 tick; the
+    # checkpoint's step reads it twice more around the checkpoint, whose 100 s are its stall;
+    # handing it over took 1 tick, counted with the next decision
+    assert session.hook_times == [1.0, 3.0, 2.0]
 
 
 def test_a_hook_that_ends_while_the_device_still_runs_queued_steps_costs_nothing(tmp_path: Path) -> None:
@@ -616,7 +626,7 @@ def test_a_hook_that_ends_while_the_device_still_runs_queued_steps_costs_nothing
     for step in (1, 2, 3):
         driver.step_end(step, loss=1.0)
     assert asked == [0, 1, 2]  # once per step, before its hook time is handed over
-    assert session.hook_times == [0.0, 3.0, 0.0]  # step 2 counts its own time and step 1's handing over
+    assert session.hook_times == [0.0, 2.0, 0.0]  # step 2 counts its own time and step 1's handing over
 
 
 def test_the_wait_for_a_slower_process_is_not_counted_as_hook_time(tmp_path: Path) -> None:
@@ -634,3 +644,71 @@ def test_the_wait_for_a_slower_process_is_not_counted_as_hook_time(tmp_path: Pat
     hook_times = fits[0][1].hook_times
     assert len(hook_times) == 3 and all(h < 0.1 for h in hook_times), hook_times  # 0.2 s waits excluded
     assert fits[1][1].hook_times == []  # process 1 has no session: nothing recorded there
+
+
+def test_between_decisions_a_step_is_only_noted_and_handed_over_with_the_next_decision(tmp_path: Path) -> None:
+    clock = TickingClock()
+    clock.tick = 0.01  # ten steps take less than FLUSH_S
+    config = Config(dirpath=str(tmp_path))
+    session = FakeSession(config, {10: "interval"})
+    session.next_step = 10  # the policy: nothing is due before step 10
+    taker = Taker()
+    driver = FitDriver(config, ProcessGroup(), session, taker, clock=clock)  # type: ignore[arg-type]
+    driver.begin(0)
+    for step in range(1, 11):
+        driver.step_end(step, loss=float(step))
+    assert session.recorded == [[1], list(range(2, 11))]  # one decision at step 1, the next at 10
+    assert taker.taken == [(10, "interval")]
+    # steps 2-9 each read the clock at entry and exit (1 tick); step 10's decision 1 tick and 1
+    # more for step 1's handing over: 8 + 2; step 10 took the checkpoint
+    assert session.hook_times == pytest.approx([0.01, 0.08 + 0.02 + 0.01])
+    assert session.losses == [None] * 10  # the uniform schedule reads no loss
+    assert driver.last_loss == 10.0
+
+
+def test_a_full_ring_or_a_signal_ends_the_hot_path(tmp_path: Path) -> None:
+    from autockpt_core.step_ring import RING_STEPS
+
+    driver, session, taker, handler = make(tmp_path, {}, on_preempt="continue")
+    session.next_step = 10**6
+    driver.begin(0)
+    for step in range(1, 2 * RING_STEPS + 2):
+        driver.step_end(step)
+    assert [len(r) for r in session.recorded] == [1, RING_STEPS, RING_STEPS]
+    handler.signum = TERM
+    driver.step_end(2 * RING_STEPS + 2)  # the next step sees the signal: decided and checkpointed
+    assert session.recorded[-1] == [2 * RING_STEPS + 2]
+    assert taker.taken == [(2 * RING_STEPS + 2, "preempted by SIGTERM")]
+
+
+def test_the_noted_steps_reach_the_session_before_a_boundary_and_the_final_checkpoint(tmp_path: Path) -> None:
+    driver, session, taker, _ = make(tmp_path, {})
+    session.next_step = 100
+    driver.begin(0)
+    for step in (1, 2, 3):
+        driver.step_end(step, loss=float(step))
+    driver.boundary(3)
+    assert session.recorded == [[1], [2, 3]]
+    driver.step_end(4, loss=4.0)
+    driver.final(4)
+    assert session.recorded == [[1], [2, 3], [4]]
+    assert taker.taken == [(4, FINAL_REASON)]
+
+
+def test_the_front_loaded_schedule_reads_every_steps_loss_when_handed_over(tmp_path: Path) -> None:
+    config = Config(dirpath=str(tmp_path), schedule="front_loaded", mtbf=3600.0)
+    session = FakeSession(config, {})
+    session.next_step = 100
+    read: list[object] = []
+
+    def loss_of(value: object) -> float:
+        read.append(value)
+        return float(value) * 2  # type: ignore[arg-type]
+
+    driver = FitDriver(config, ProcessGroup(), session, Taker(), loss_of=loss_of)  # type: ignore[arg-type]
+    driver.begin(0)
+    for step in (1, 2, 3):
+        driver.step_end(step, loss=float(step))
+    assert read == [1.0]  # step 1 decided; steps 2 and 3 are noted, not read yet
+    driver.final(3)
+    assert session.losses == [2.0, 4.0, 6.0]

@@ -64,17 +64,22 @@ def test_policy_spacing_matches_reported_interval(tmp_path) -> None:
     assert session.buffers.allocations == 1  # reused across all checkpoints
 
 
-def test_the_hooks_share_is_in_the_overhead_and_the_interval_keeps_what_is_left(tmp_path) -> None:
+def test_the_hooks_share_is_reported_beside_the_budget_which_stays_the_checkpoints(tmp_path, caplog) -> None:
     clock = FakeClock()
     cfg = Config(dirpath=str(tmp_path), overhead_budget=0.02, warmup_steps=3, async_persist=False)
     session = CheckpointSession(cfg, framework="np", suffix=".safetensors", clock=clock)
     saved = run(session, clock, {"w": np.zeros((10, 10), np.float32)}, 200, hook_s=0.001)
-    # hooks take 1 ms of each 100 ms step: 1% of the 2% left; 10 ms stall -> k = 0.01 / 0.001 = 10
-    assert {d.interval.steps for _, d in saved[1:]} == {10}
+    # hooks take 1 ms of each 100 ms step; the whole 2% stays the checkpoints': 10 ms stall -> k = 5
+    assert {d.interval.steps for _, d in saved[1:]} == {5}
     assert session.estimates().hook_s == pytest.approx(0.001)
-    summary = session.finish()
-    # 1% of hooks in every step plus the checkpoints' 0.01 s per 10 steps: 2% in all
-    assert summary.overhead == pytest.approx(0.01 + 0.01 / (0.1 * 10), rel=0.1)
+    with caplog.at_level("WARNING", logger="autockpt"):
+        summary = session.finish()
+    assert summary.overhead == pytest.approx(0.01 / (0.1 * 5), rel=0.1)  # the checkpoints' 2%
+    assert summary.hooks == pytest.approx(0.01, rel=0.05) and summary.hook_us == pytest.approx(1000)
+    assert "hooks 1000µs/step (1.00% of a step)" in summary.line()
+    assert session.metrics()["autockpt/hook_pct"] == pytest.approx(1.0, rel=0.05)
+    # 1% is over a tenth of the 2% budget: said once, at the end
+    assert [r.getMessage() for r in caplog.records if "per-step work" in r.getMessage()] == [summary.hooks_warning()]
 
 
 def test_every_n_steps_overrides_policy(tmp_path) -> None:

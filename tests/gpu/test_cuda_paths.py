@@ -322,9 +322,9 @@ def test_hook_time_hidden_behind_queued_gpu_steps_is_not_counted(tmp_path: Path)
                          enable_model_summary=False, enable_checkpointing=False, callbacks=[callback],
                          num_sanity_val_steps=0, default_root_dir=str(tmp_path))
     trainer.fit(HeavyNet(), DataLoader(OnDevice(41), batch_size=None))
-    hooks = list(callback.session.profiler._hook)
+    hooks = list(callback.session.profiler._hook)  # one sample per hand-over of the noted steps
     REPORT["hook_s_queued_gpu_steps"] = hooks
-    assert len(hooks) >= 20 and statistics.median(hooks) == 0.0, hooks
+    assert len(hooks) >= 2 and statistics.median(hooks) == 0.0, hooks
     assert callback.session.estimates().hook_s == 0.0
 
 

@@ -70,5 +70,5 @@ def test_the_callback_installs_it_only_for_a_data_loader_on_tensorflow(
 
     calls: list[bool] = []
     monkeypatch.setattr(callback_module.fork_fix, "install", lambda: calls.append(True))
-    callback_module.install_fork_fix(backend, kind)
+    callback_module.fork_fix.install_for(backend, kind)
     assert calls == ([True] if installs else [])

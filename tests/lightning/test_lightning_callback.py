@@ -297,7 +297,7 @@ def test_gradient_accumulation_decides_on_global_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_the_hooks_own_time_is_in_the_measured_overhead_without_any_checkpoint(tmp_path: Path) -> None:
+def test_the_hooks_own_time_is_measured_beside_the_overhead_without_any_checkpoint(tmp_path: Path) -> None:
     cb = AutoCheckpoint(tmp_path / "ck", every_n_steps=10**6, save_on_train_end=False, warmup_steps=2)
     make_trainer(tmp_path, [cb], max_steps=40, enable_checkpointing=False).fit(TinyModel(), TinyData(samples=1024))
     assert cb.events == []
@@ -306,7 +306,9 @@ def test_the_hooks_own_time_is_in_the_measured_overhead_without_any_checkpoint(t
     hook_s = session.estimates().hook_s
     assert hook_s is not None and hook_s > 0
     overhead = session.measured_overhead()
-    assert overhead.value is not None and overhead.value > 0  # every step paid the hooks
+    assert overhead.hooks is not None and overhead.hooks > 0  # every step paid the hooks
+    assert overhead.value is None  # and no checkpoint cost anything
+    assert session.metrics()["autockpt/hook_pct"] == pytest.approx(overhead.hooks * 100)
 
 
 @pytest.mark.integration

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from autockpt_core import Config, Estimates, choose_interval
+from autockpt_core import Config, Estimates, IntervalRules, choose_interval
 from autockpt_core.cli import main
 
 PLAN = ["plan", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--slowdown", "0%", "--mtbf", "6h",
@@ -23,7 +23,7 @@ def test_plan_json_has_the_decision_from_choose_interval(capsys) -> None:
     assert code == 0
     data = json.loads(out)
     expected = choose_interval(
-        Config(dirpath=".", overhead_budget=0.02, mtbf=6 * 3600),
+        IntervalRules(budget=0.02, mtbf=6 * 3600),
         Estimates(iter_time_s=0.35, stall_s=0.12, persist_s=2.0, loaded_iter_time_s=0.35, loaded_iterations=1000,
                   loaded_sd_s=0.0),
     )
@@ -35,13 +35,19 @@ def test_plan_json_has_the_decision_from_choose_interval(capsys) -> None:
 
 
 def test_plan_without_a_measured_slowdown_counts_the_whole_persist_in_the_budget(capsys) -> None:
-    argv = [a for a in PLAN if a not in ("--slowdown", "0%")]
+    argv = [a for a in PLAN if a not in ("--slowdown", "0%", "--mtbf", "6h")]
     code, out, _ = run([*argv, "--json"], capsys)
     assert code == 0
     data = json.loads(out)
-    # (120 ms + 2 s) / (2% × 350 ms) = 303 steps, longer than Daly's 205 (which takes the 120 ms)
-    assert data["policies"]["budget"]["steps"] == 303 and data["policies"]["daly"]["steps"] == 205
+    # (120 ms + 2 s) / (2% × 350 ms) = 303 steps: the budget approached from below
+    assert data["policies"]["budget"]["steps"] == 303
     assert data["rule"] == "budget" and data["chosen_interval_steps"] == 303
+    # with an MTBF, Daly at the measured 120 ms (205 steps): the budget holds there (120 ms / 205
+    # steps of 350 ms = 0.17%), so the unmeasured slowdown does not push the interval out
+    code, out, _ = run([*PLAN[:7], *PLAN[9:], "--json"], capsys)
+    data = json.loads(out)
+    assert data["policies"]["budget"]["steps"] == 18 and data["policies"]["daly"]["steps"] == 205
+    assert data["rule"] == "daly" and data["chosen_interval_steps"] == 205
     code, out, _ = run([*PLAN[:-2], "--slowdown", "x", "--budget", "2%"], capsys)
     assert code != 0 and "--slowdown" in out + _
 

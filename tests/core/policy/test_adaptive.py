@@ -15,6 +15,7 @@ from autockpt_core.policy.adaptive import AdaptiveTuner, Window
 from autockpt_core.policy.adjusters import adjusters_from_config
 from autockpt_core.policy.dryrun import Scenario, constant, dry_run, switch
 from autockpt_core.policy.frontload import FrontLoadedSchedule
+from autockpt_core.policy.intervals import daly_interval
 
 MID, STEPS, BUDGET = 4000, 9000, 0.02
 CFG = Config(dirpath="x", overhead_budget=BUDGET)
@@ -192,3 +193,24 @@ def test_a_window_leaves_out_its_giant_loaded_steps_only_on_request() -> None:
     assert window.cost(0.1) == pytest.approx(20.0)
     assert window.without_giants().cost(0.1) == pytest.approx(0.1)  # 99 steps in 10.0 s
     assert Window(10, 100, 10.0, 0.1).without_giants() == Window(10, 100, 10.0, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("mtbf", "steps", "rule"),
+    [
+        # stall 3 ms + 50 ms of persist slowing its steps by 2%: 3.98 ms / (2% x 1.6 ms) -> 125
+        (None, 125, "budget"),
+        # told the MTBF: Daly at that measured cost (within the budget there)
+        (20.0, round(daly_interval(0.003 + 0.05 * 0.02 / 1.02, 20.0) / 0.0016), "daly"),
+    ],
+)
+def test_short_steps_get_the_interval_of_their_measured_cost_from_the_first_interval_on(mtbf, steps, rule) -> None:
+    """The profiling checkpoint's persist measures its own slowdown; the next interval already
+    rests on it (not on the whole persist time), and stays there."""
+    cfg = Config(dirpath="x", overhead_budget=0.02, mtbf=mtbf)
+    scenario = Scenario(iter_time=constant(0.0016), stall=constant(0.003), persist=constant(0.05),
+                        slowdown=constant(0.02))  # fmt: skip
+    trace = dry_run(cfg, scenario, 3000, adjusters_from_config(cfg))
+    first = trace.checkpoints[1:4]  # the three after the profiling checkpoint
+    assert [(c.interval_steps, c.rule) for c in first] == [(steps, rule)] * 3
+    assert trace.overhead(200, 3000) <= 0.02

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autockpt_core import Config, Estimates, choose_interval, daly_interval, young_interval
+from autockpt_core import Estimates, IntervalRules, choose_interval, daly_interval, young_interval
 
 MIN, HOUR = 60.0, 3600.0
 seconds = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False, allow_infinity=False)
@@ -53,12 +53,11 @@ def test_daly_worked_values(mtbf: float, minutes: float, tol: float) -> None:
     budget=st.floats(0.005, 0.5),
 )
 def test_choice_is_daly_but_never_denser_than_the_bounds(t, stall, persist, mtbf, budget) -> None:
-    cfg = Config(dirpath="x", overhead_budget=budget, mtbf=mtbf)
-    choice = choose_interval(cfg, Estimates(iter_time_s=t, stall_s=stall, persist_s=persist))
+    choice = choose_interval(IntervalRules(budget=budget, mtbf=mtbf), Estimates(iter_time_s=t, stall_s=stall, persist_s=persist))
     c = choice.candidates
     floor = max(c["budget"], c["persist"])
     assert choice.steps == max(floor, c.get("daly", 0))
-    assert choice.rule == ("daly" if c.get("daly", 0) > floor else max(("budget", "persist"), key=c.__getitem__))
+    assert choice.rule == ("daly" if c.get("daly", 0) >= floor else max(("budget", "persist"), key=c.__getitem__))
     assert stall / (choice.steps * t) <= budget + 1e-9
 
 
@@ -67,7 +66,7 @@ def test_background_slowdown_counts_as_checkpoint_cost() -> None:
     est = Estimates(iter_time_s=0.1, stall_s=0.1, persist_s=2.0, loaded_iter_time_s=0.15, loaded_iterations=13,
                     loaded_sd_s=0.0)
     assert est.checkpoint_cost_s == pytest.approx(0.1 + 2.0 / 3)
-    choice = choose_interval(Config(dirpath="x", overhead_budget=0.02), est)
+    choice = choose_interval(IntervalRules(budget=0.02), est)
     assert choice.rule == "budget" and choice.steps == math.ceil((0.1 + 2.0 / 3) / (0.02 * 0.1))
     assert choice.cost_s == pytest.approx(est.checkpoint_cost_s)
     assert "cost 0.767s per checkpoint" in choice.explain()
@@ -91,20 +90,28 @@ def test_the_first_cost_is_bounded_from_above_until_the_slowdown_is_measured(loa
     assert est.checkpoint_cost_s <= 0.1 + 2.0  # never above the serial bound
 
 
+@pytest.mark.parametrize("hook_s", [None, 0.0001, 0.001])
+def test_the_budget_is_the_checkpoints_whatever_the_hooks_cost(hook_s) -> None:
+    """A 2% budget on a 1.6 ms step with a 3 ms stall (a persist measured to slow no step):
+    3 ms / (2% x 1.6 ms) = 94 steps, whatever autockpt's own hooks take of each step."""
+    est = Estimates(iter_time_s=0.0016, stall_s=0.003, persist_s=0.05, loaded_iter_time_s=0.0016,
+                    loaded_iterations=30, loaded_sd_s=0.0, hook_s=hook_s)  # fmt: skip
+    choice = choose_interval(IntervalRules(budget=0.02), est)
+    assert choice.rule == "budget" and choice.steps == math.ceil(0.003 / (0.02 * 0.0016)) == 94
+    assert choice.steps <= 150
+
+
 @pytest.mark.parametrize(
-    "hook_s, left, steps",
+    ("mtbf", "rule", "steps"),
     [
-        (None, 0.02, 50),  # not measured: the whole budget; 0.01 s / (0.01 s × 2%) = 50 steps
-        (0.0001, 0.01, 100),  # hooks take 1% of each 10 ms step: 1% left, twice the interval
-        (0.0002, 0.002, 500),  # the hooks take the whole 2%: a tenth of it stays for checkpoints
-        (0.001, 0.002, 500),  # and no less when they take more
+        # Daly at the measured 3 ms, not the whole 50 ms persist the budget bound starts from
+        (20.0, "daly", round(daly_interval(0.003, 20.0) / 0.0016)),
+        # the measured cost at Daly's 48 steps would exceed the budget: the budget bound at that cost
+        (1.0, "budget", 94),
     ],
 )
-def test_the_hooks_share_of_the_budget_lengthens_the_interval(hook_s, left, steps) -> None:
-    from autockpt_core.policy.decision import checkpoint_budget
-
-    est = Estimates(iter_time_s=0.01, stall_s=0.01, persist_s=0.0, loaded_iter_time_s=0.01, loaded_iterations=5,
-                    hook_s=hook_s)  # fmt: skip
-    assert checkpoint_budget(0.02, est) == pytest.approx(left)
-    choice = choose_interval(Config(dirpath="x", overhead_budget=0.02), est)
-    assert choice.steps == steps and choice.rule == "budget"
+def test_with_an_mtbf_daly_at_the_measured_cost_unless_it_exceeds_the_budget(mtbf, rule, steps) -> None:
+    est = Estimates(iter_time_s=0.0016, stall_s=0.003, persist_s=0.05)  # no loaded step measured yet
+    assert choose_interval(IntervalRules(budget=0.02), est).steps == math.ceil(0.053 / (0.02 * 0.0016))
+    choice = choose_interval(IntervalRules(budget=0.02, mtbf=mtbf), est)
+    assert (choice.rule, choice.steps) == (rule, steps)

@@ -125,25 +125,26 @@ def test_the_summary_line_prints_the_measured_overhead_with_its_band() -> None:
 
 
 @pytest.mark.parametrize(
-    "steps, hooks, warmup, value",
+    "steps, hooks, warmup, value, share",
     [
-        # 10 clean steps of 0.1 s, 2 ms of hook in each: 2%, though no step was loaded
-        ([(0.1, False)] * 10, [0.002] * 10, 0, 0.02),
-        # hooks on top of the loaded steps' extra time
-        ([(0.1, False)] * 8 + [(0.15, True)] * 2, [0.001] * 10, 0, 0.11),
+        # 10 clean steps of 0.1 s, 2 ms of hook in each: 2% of a step, and no checkpoint cost
+        ([(0.1, False)] * 10, [0.002] * 10, 0, None, 0.02),
+        # the loaded steps' extra time is the checkpoints'; the hooks are reported beside it
+        ([(0.1, False)] * 8 + [(0.15, True)] * 2, [0.001] * 10, 0, 0.1, 0.01),
         # the warm-up steps' hooks are not counted, like the steps
-        ([(0.1, False)] * 12, [1.0, 1.0] + [0.002] * 10, 2, 0.02),
-        # no hook time, no checkpoint: nothing to read yet
-        ([(0.1, False)] * 10, [0.0] * 10, 0, None),
+        ([(0.1, False)] * 12, [1.0, 1.0] + [0.002] * 10, 2, None, 0.02),
+        # no hook time, no checkpoint
+        ([(0.1, False)] * 10, [0.0] * 10, 0, None, 0.0),
     ],
 )
-def test_the_hooks_own_time_is_counted_in_every_step(steps, hooks, warmup, value) -> None:
+def test_the_hooks_own_time_is_measured_apart_from_the_checkpoints_cost(steps, hooks, warmup, value, share) -> None:
     meter = OverheadMeter(warmup)
     for (seconds, loaded), hook in zip(steps, hooks):
         meter.step(seconds, loaded)
         meter.hooks(hook)
     reading = meter.reading()
     assert reading.value == (pytest.approx(value) if value is not None else None)
+    assert reading.hooks == pytest.approx(share)
 
 
 def _blocks(cycles: int, loaded_step: float, giant_at: dict[int, float] | None = None) -> list[tuple[float, bool]]:

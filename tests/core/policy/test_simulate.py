@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from autockpt_core import Config, Estimates, choose_interval
+from autockpt_core import Config, Estimates, IntervalRules, choose_interval
 from autockpt_core.policy.simulate import Failures, Job, best_uniform_interval, simulate, uniform_positions
 
 HOUR = 3600.0
@@ -87,7 +87,7 @@ def test_chosen_interval_is_within_2_percent_of_brute_force_best(stall, mtbf, it
     # A loose budget so that the MTBF rule decides (a binding budget is the user's explicit choice).
     cfg = Config(dirpath="x", overhead_budget=0.5, mtbf=mtbf)
     est = Estimates(iter_time_s=iter_time, stall_s=stall, persist_s=min(2.0, 5 * stall))
-    choice = choose_interval(cfg, est)
+    choice = choose_interval(IntervalRules.of(cfg), est)
     assert choice.rule == "daly"
     job = Job(work_s=10 * mtbf, stall_s=stall, persist_s=est.persist_s, restart_s=min(300.0, mtbf / 10))
     failures = Failures(mtbf)
