@@ -101,6 +101,7 @@ class RunLedger:
         newest_path: str | None,
         mirror: str | None,
         mirrored: int,
+        clock_note: str | None = None,
     ) -> RunSummary:
         overhead = self.overhead()
         return RunSummary(
@@ -126,4 +127,5 @@ class RunLedger:
             copy_mode=self.copy_mode,
             mirror=mirror,
             mirrored=mirrored,
+            clock_note=clock_note,
         )

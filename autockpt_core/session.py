@@ -127,6 +127,7 @@ class CheckpointSession(StoreParts):
         self._pending_stall: tuple[float, int] | None = None  # (stall so far, nbytes)
         self._cost = CostMeter()
         self._on_cost = on_checkpoint_cost
+        self.clock_note: str | None = None  # the adapter's: costs read on the host's clock only (summary)
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -372,5 +373,5 @@ class CheckpointSession(StoreParts):
             store.buffers, store.released_bytes,
             newest_path=(store.storage.local_path(name) or name) if name else None,
             mirror=mirror.location if mirror is not None else None,
-            mirrored=mirror.mirrored if mirror is not None else 0,
+            mirrored=mirror.mirrored if mirror is not None else 0, clock_note=self.clock_note,
         )  # fmt: skip

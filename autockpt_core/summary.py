@@ -19,6 +19,8 @@ class RunSummary:
     out as the machine's stalls (:mod:`.policy.giant_steps`), and their seconds. ``hooks``:
     autockpt's own per-step work as a fraction of the step time, reported beside the budget
     (which is the checkpoints'), and ``hook_us`` the same in microseconds per step.
+    ``clock_note``: where the costs could only be read on the host's clock while an accelerator
+    runs the steps (TensorFlow, JAX on a GPU), that, at the end of the line.
     """
 
     framework: str
@@ -43,6 +45,7 @@ class RunSummary:
     left_out_s: float = 0.0
     hooks: float | None = None
     hook_us: float | None = None
+    clock_note: str | None = None
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -66,6 +69,7 @@ class RunSummary:
             f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
             f"persist {persist}, overhead {overhead}{left_out}{self._hooks_text()}, "
             f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}{mirrored}"
+            + (f"; {self.clock_note}" if self.clock_note else "")
         )
 
     def hooks_warning(self) -> str | None:

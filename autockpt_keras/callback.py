@@ -63,7 +63,7 @@ from autockpt_core.persist.whole_read import ReadWhileVerifying
 
 from . import fork_fix
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
-from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, warm_copier
+from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, host_clock_note, warm_copier
 from .data_stream import find_epoch_iterator
 from .epoch_logs import LOG_KEYS, log_values, loss_in_logs
 from .exact_resume import ExactResume
@@ -162,6 +162,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
                 persist_modules=(WRITE_TENSORS.partition(":")[0],),
                 gpu=pinned is not None,
             )
+            self.session.clock_note = host_clock_note(backend)
         self._copier = copier_for(backend, self.model)
         if self.config.snapshot_mode in ("overlap", "device"):
             log.warning(

@@ -93,6 +93,26 @@ def device_busy_for(backend: str, model: Any) -> Callable[[], bool] | None:
     return None
 
 
+def host_clock_note(backend: str) -> str | None:
+    """Where an accelerator runs the steps but no probe tells whether it still has queued work
+    (TensorFlow and JAX on a GPU or TPU): the summary's note that costs are read on the host's
+    clock, which may count draining the device's queue as a checkpoint's stall. None elsewhere."""
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        kinds = {d.device_type for d in tf.config.list_logical_devices()} - {"CPU"}
+    elif backend == "jax":
+        import jax
+
+        kinds = {jax.default_backend().upper()} - {"CPU"}
+    else:
+        return None  # torch: the CUDA probe (device_busy_for); the CPU's clock is the right one
+    if not kinds:
+        return None
+    return (f"costs read on the host's clock: no device probe for {backend} on {'/'.join(sorted(kinds))}, "
+            "so a stall may include the device's queued steps")
+
+
 def generic_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
     """Backend-neutral: ``v.numpy()`` then a copy into the pooled buffer."""
     out: dict[str, np.ndarray] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 from typing import Any
 
 import numpy as np
@@ -213,3 +214,17 @@ def test_the_copier_is_preparing_while_its_reads_trace_runs_and_not_after() -> N
     copier.settle()
     assert not copier_preparing(copier)
     assert not copier_preparing(torch_copy) and not copier_preparing(None)  # copiers without a warm-up
+
+
+def test_the_host_clock_is_named_only_where_an_accelerator_has_no_probe(monkeypatch) -> None:
+    import tensorflow as tf
+
+    from autockpt_keras.copying import host_clock_note
+
+    assert host_clock_note("tensorflow") is None  # this machine: the CPU alone
+    assert host_clock_note("torch") is None  # the CUDA probe covers torch
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda: [types.SimpleNamespace(device_type=t) for t in ("CPU", "GPU")])  # fmt: skip
+    assert host_clock_note("tensorflow") == (
+        "costs read on the host's clock: no device probe for tensorflow on GPU, so a stall may include the "
+        "device's queued steps")

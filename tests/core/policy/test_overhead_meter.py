@@ -122,6 +122,12 @@ def test_the_summary_line_prints_the_measured_overhead_with_its_band() -> None:
     assert "overhead 1.50% ±0.40% (budget 2.00%)," in summary.line()
     stalled = dataclasses.replace(summary, left_out_steps=2, left_out_s=40.5)
     assert "(budget 2.00%), 2 stalled steps (40.5s) left out as the machine's, interval" in stalled.line()
+    assert "host's clock" not in summary.line() and summary.hooks_warning() is None
+    noted = dataclasses.replace(summary, clock_note="costs read on the host's clock: no device probe", hooks=0.005,
+                                hook_us=50.0)  # fmt: skip
+    assert noted.line().endswith("-> x; costs read on the host's clock: no device probe")
+    assert "(budget 2.00%), hooks 50µs/step (0.50% of a step), interval" in noted.line()
+    assert "0.50% of the step time" in (noted.hooks_warning() or "")  # over a tenth of the 2% budget
 
 
 @pytest.mark.parametrize(
