@@ -85,9 +85,9 @@ class FitDriver:
     when the interval changes and at the end (process 0). ``drain(failed)``: before the session
     is finished, waits for work the adapter runs outside it (sharded saves); returns False when
     the session must not be waited for. ``nothing_left``: the message when a resumed run had
-    nothing left to train. ``device_busy()`` (training thread, end of each step's hook): whether
-    the accelerator still has queued work, i.e. the host runs ahead of it and the hook's time
-    is hidden (None: the host's time is the cost, as on a CPU). ``preparing()`` (training
+    nothing left to train. ``device_busy()`` (training thread, at each hand-over of the noted
+    steps): whether the accelerator still has queued work, i.e. the host runs ahead of it and
+    the hooks' time is hidden (None: the host's time is the cost, as on a CPU). ``preparing()`` (training
     thread, process 0, when a checkpoint is due): whether the adapter's own one-time
     preparation of the snapshot still runs (see "Preparation" in the module docstring).
     """
