@@ -48,11 +48,10 @@ from .due import PREPARATION_WAIT_S, Deferral, Due, PreparationGate
 from .emergency import commit_emergency
 from .persist import CheckpointRecord
 from .persist.failures import unfinished_message
-from .policy.process_group import ProcessGroup
-from .policy.rank_timing import StepClock
-from .preemption import Preempted, PreemptionHandler, PreemptionRecord
-from .policy.rank_timing import RankTimes
 from .fit_records import FitRecords
+from .policy.process_group import ProcessGroup
+from .policy.rank_timing import RankTimes, StepClock
+from .preemption import Preempted, PreemptionHandler, PreemptionRecord
 from .session import CheckpointSession
 from .step_ring import Drained, StepRing
 from .summary import RunSummary
@@ -89,7 +88,7 @@ class FitDriver:
     steps): whether the accelerator still has queued work, i.e. the host runs ahead of it and
     the hooks' time is hidden (None: the host's time is the cost, as on a CPU). ``preparing()`` (training
     thread, process 0, when a checkpoint is due): whether the adapter's own one-time
-    preparation of the snapshot still runs (see "Preparation" in the module docstring).
+    preparation of the snapshot still runs (:class:`~autockpt_core.due.PreparationGate`).
     """
 
     def __init__(
@@ -148,7 +147,6 @@ class FitDriver:
         """Whether this process runs the session (process 0)."""
         return self.session is not None
 
-
     def resume_record(
         self, pick: Callable[[CheckpointSession], CheckpointRecord | None] | None = None
     ) -> CheckpointRecord | None:
@@ -182,7 +180,6 @@ class FitDriver:
         follow before it is durable."""
         if self.session is not None:
             self.session.expect_end(step if self.save_on_train_end else None)
-
 
     def boundary(self, step: int) -> None:
         """Collective, between steps: a checkpoint deferred to here, then a signal any process
@@ -274,10 +271,8 @@ class FitDriver:
         if session is not None and decision is not None and drained is not None:  # the recording
             # itself is hook work too: it is counted with the next decision
             recording = self._clock()
-            spent = recording - entry - checkpoint_s - settle_s + self._recording_s + drained.hook_seconds()
-            if self._device_busy is not None and self._device_busy():
-                spent = 0.0  # the device still ran queued steps: the host's work here cost it nothing
-            session.hook_time(spent, len(drained))
+            self._hand_over_hooks(recording - entry - checkpoint_s - settle_s + self._recording_s
+                                  + drained.hook_seconds(), len(drained))  # fmt: skip
             self._recording_s = self._clock() - recording
         # the next look: the step after a checkpoint (its stall and loaded steps are measured one
         # by one), while one is deferred or waits, and every step of a job of several processes
@@ -295,16 +290,20 @@ class FitDriver:
             self.last_loss = drained.losses[-1]
             losses = drained.float_losses(self._loss_of) if self.config.schedule == "front_loaded" else None
             self.session.record_steps(drained.steps, drained.ends, losses)
-            if hooks:  # none where the device still runs queued steps (see step_end)
-                hidden = self._device_busy is not None and self._device_busy()
-                self.session.hook_time(0.0 if hidden else drained.hook_seconds(), len(drained))
+            if hooks:
+                self._hand_over_hooks(drained.hook_seconds(), len(drained))
         return drained
+
+    def _hand_over_hooks(self, seconds: float, steps: int) -> None:
+        """The hooks' time of ``steps`` steps to the session (process 0); none where the device
+        still runs queued steps: the host's work then cost the training nothing."""
+        hidden = self._device_busy is not None and self._device_busy()
+        self.session.hook_time(0.0 if hidden else seconds, steps)  # type: ignore[union-attr]
 
     def add_blocked(self, seconds: float) -> None:
         """This process waited ``seconds`` for a checkpoint outside the driver (an overlapping
         copy before the optimizer update): not counted in its step time."""
         self._step_clock.add_blocked(seconds)
-
 
     def final(self, step: int, *, unclean: bool = False) -> None:
         """Collective, at the end of training: the final checkpoint (``save_on_train_end``), or a
@@ -374,7 +373,6 @@ class FitDriver:
         error = self._close(failed=True)
         if error is not None:
             log.error("%s", unfinished_message(error, self.config.dirpath))
-
 
     def _close(self, failed: bool) -> BaseException | None:
         """Drain the adapter's own work, then finish the session; the first error, returned."""
@@ -446,4 +444,4 @@ class FitDriver:
         return (session is not None and session.preparing()) or (self._preparing is not None and self._preparing())
 
     def _signum(self) -> int | None:
-        return self.preemption.signum if self.preemption is not None else None
+        return self._signals.signum
