@@ -197,7 +197,6 @@ class CheckpointStore:
                 record = newest_in_dirpath()
             else:
                 record = self._newest_of_tiers(accept, before, mirrored, check)
-                self.mirror.learn_twins(read_manifest(self.storage), mirrored)
         if record is not None:
             self.run = record.run
         return record

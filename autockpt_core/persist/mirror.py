@@ -14,10 +14,12 @@ a mirror slower than the checkpoint interval uploads the newest checkpoint next 
 the ones in between (counted in ``superseded``). It never holds up training or the fast tier.
 A record whose fast-tier file retention removed before its upload began is skipped the same way.
 
-The fast tier keeps the twin of the mirror's newest checkpoint (:meth:`Mirror.protected`, which
-the writer's retention spares) until a newer upload is listed: a rerun on the same node can then
-tell that its newer local checkpoints continued from the mirror's newest (:mod:`.tiers`), even
-when uploads lag the interval by ``keep_last`` checkpoints or more.
+The fast tier keeps what the mirror still has to copy: the writer's retention spares the record
+being uploaded and the one waiting (:meth:`Mirror.protected`) until their upload is listed or a
+newer record replaces the waiting one. Uploads that lag the interval by ``keep_last`` checkpoints
+or more thus cost the fast tier at most two checkpoint files beyond ``keep_last``, and never the
+file an upload is reading. A rerun on the same node resumes its own newest checkpoint of the run
+whenever that is ahead of the mirror's (:mod:`.tiers`).
 
 Failures (:class:`Mirror` arguments ``max_failures``, ``max_outage``): a failed upload is a
 warning (logged, and a ``RuntimeWarning`` in the training thread) and is tried again after
@@ -51,7 +53,7 @@ from collections.abc import Collection
 from typing import Callable
 
 from ..errors import MirrorWriteError
-from .manifest import CheckpointRecord, commit_order, read_manifest
+from .manifest import CheckpointRecord, read_manifest
 from .retention import retain
 from .storage import Storage
 from .tiers import UploadAbandoned, copy_checkpoint, same_checkpoint
@@ -120,27 +122,13 @@ class Mirror:
         self._no_retries = False
         self._gave_up = False  # deliver() gave up on an upload: close() does not wait for it
         self._failed_record: CheckpointRecord | None = None  # the record of the stored failure
-        self._twins: dict[tuple[str, str | None], str] = {}  # (framework, run) -> fast-tier name
         self._stopped = False  # stop(): another session took the mirror
 
     def protected(self) -> Collection[str]:
-        """Fast-tier names retention must keep (writer thread; no I/O): per framework and run,
-        the checkpoint whose copy is the mirror's newest, as :meth:`learn_twins` found it at
-        the start and the uploads since keep it."""
+        """Fast-tier names retention must keep (writer thread; no I/O): the record being uploaded
+        (also between the retries of a failed upload) and the newest one waiting."""
         with self._cond:
-            return set(self._twins.values())
-
-    def learn_twins(self, local: list[CheckpointRecord], mirrored: list[CheckpointRecord]) -> None:
-        """Training thread, at resume: note the fast tier's twin of the mirror's newest record
-        of each framework and run, from both manifests (``local``: the fast tier's)."""
-        newest: dict[tuple[str, str | None], CheckpointRecord] = {}
-        for record in sorted(mirrored, key=commit_order):
-            newest[(record.framework, record.run)] = record
-        with self._cond:
-            for key, record in newest.items():
-                matches = [r for r in local if same_checkpoint(r, record)]
-                if matches:
-                    self._twins.setdefault(key, matches[-1].name)
+            return {r.name for r in (self._current, self._pending) if r is not None}
 
     @property
     def location(self) -> str:
@@ -311,7 +299,6 @@ class Mirror:
         self.mirrored += 1
         with self._cond:  # deliver() and the retention of the fast tier read these
             self.last_record = copied
-            self._twins[(record.framework, record.run)] = record.name
         log.info("autockpt: mirrored %s (step %d, %d bytes) to %s in %.2fs",
                  record.name, record.step, record.size, self.target.location, self.last_upload_s)  # fmt: skip
         problems = retain(self.target, copied, records, self._keep_last)

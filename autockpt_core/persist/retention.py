@@ -26,8 +26,8 @@ def retain(
 ) -> list[str]:
     """Apply ``keep_last`` to ``records`` (the manifest just written, ``record`` newest in it).
 
-    ``keep``: names never dropped here, even beyond ``keep_last`` (the fast tier's twin of the
-    mirror's newest checkpoint, see :meth:`.mirror.Mirror.protected`). Returns the warnings
+    ``keep``: names never dropped here, even beyond ``keep_last`` (what the mirror still has to
+    upload, see :meth:`.mirror.Mirror.protected`). Returns the warnings
     (empty when all went well); the caller issues them in the training thread.
     """
     same = [r for r in records if r.framework == record.framework and r.run == record.run]

@@ -12,11 +12,18 @@ and on another branch (the job ran on other nodes since this one last wrote). So
 1. the mirror's newest valid checkpoint M (of the framework, taken by ``accept``);
 2. if the fast tier lists M, it continued from M on this node: its newest valid checkpoint
    committed at or after M wins (M's local copy at worst, read without a download);
-3. if it does not, the fast tier is another branch (or retention dropped M there): M wins;
-4. with no M (an empty or new mirror), the fast tier's newest valid checkpoint wins.
+3. if it does not, but holds a valid checkpoint of M's run at a later step than M, this node
+   trained that run further than the mirror has (uploads lag, and retention dropped M here
+   once its upload was listed): the newest such checkpoint wins. Within a run, exact resume
+   makes a step's state the same on every branch, so the later step is simply more work;
+4. otherwise the fast tier is another branch or another run: M wins;
+5. with no M (an empty or new mirror), the fast tier's newest valid checkpoint wins.
 
 A mirror checkpoint that wins is first copied into the fast tier (:func:`hydrate`), so the
 framework loads a local file and the checkpoints after it continue the fast tier's history.
+The copy is the newest commit there, which is its own order too: by rule 3, the fast tier
+holds no valid checkpoint of its run at a later step, so retention keeps it and the work
+that follows it, never drops newer local work for it.
 The copy is M's only read, and it checks M's size and checksum on the way: a corrupt or
 missing M is skipped (``skip``) for the mirror's previous checkpoint.
 Clocks decide nothing (machines disagree); commit order within a tier and content do.
@@ -144,7 +151,8 @@ def newest_of_tiers(
         return (local, fast) if local is not None else (None, None)
     matches = [r for r in read_manifest(fast) if same_checkpoint(r, remote)]
     if not matches:
-        return remote, mirror
+        ahead = find_latest_valid(fast, framework=framework, accept=_later_in_run(remote, fast_accept), check=check)
+        return (ahead, fast) if ahead is not None else (remote, mirror)
     since = commit_order(matches[-1])
 
     def continued(record: CheckpointRecord) -> bool:
@@ -152,6 +160,13 @@ def newest_of_tiers(
 
     local = find_latest_valid(fast, framework=framework, accept=continued, check=check)
     return (local, fast) if local is not None else (remote, mirror)
+
+
+def _later_in_run(
+    remote: CheckpointRecord, accept: Callable[[CheckpointRecord], bool] | None
+) -> Callable[[CheckpointRecord], bool]:
+    """A filter: fast-tier records of ``remote``'s run at a later step (and taken by ``accept``)."""
+    return lambda r: r.run == remote.run and r.step > remote.step and (accept is None or accept(r))
 
 
 def committed_before(

@@ -246,8 +246,9 @@ def test_a_mirror_lagging_by_keep_last_or_more_never_resumes_older_than_the_node
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert [r.step for r in read_manifest(LocalStorage(mirror))] == [1]
-    # the fast tier kept its twin of the mirror's newest (step 1) beyond keep_last=2
-    assert [r.step for r in read_manifest(LocalStorage(fast))] == [1, 5, 6]
+    # beyond keep_last=2 the fast tier kept the file of the upload in flight (step 2); the mirror
+    # lists step 1 only, which this node's retention dropped: the node is ahead in the same run
+    assert [r.step for r in read_manifest(LocalStorage(fast))] == [2, 5, 6]
     rerun = session_for(fast, str(mirror), keep_last=2)
     record = rerun.resume_record()
     assert record is not None and record.step == 6 and not rerun.copied_from_mirror
@@ -256,7 +257,7 @@ def test_a_mirror_lagging_by_keep_last_or_more_never_resumes_older_than_the_node
     for step in (7, 8):
         rerun.step_end(step)
         rerun.save(step, 0, snapshot_of(float(step)))
-    rerun.finish()  # the mirror has step 8 now: the fast tier's extra twin goes
+    rerun.finish()  # the mirror has step 8 now: the file kept for the hung upload goes
     assert [r.step for r in read_manifest(LocalStorage(fast))] == [7, 8]
     assert read_manifest(LocalStorage(mirror))[-1].step == 8
 

@@ -97,6 +97,25 @@ def test_a_slow_mirror_uploads_the_newest_next_and_skips_the_ones_between(
     assert (mirror.mirrored, mirror.superseded) == (2, 2)
 
 
+def test_retention_keeps_the_upload_in_flight_and_the_newest_waiting_and_nothing_else(
+    fast: LocalStorage, remote: GatedStorage
+) -> None:
+    mirror = Mirror(fast, remote, keep_last=5)
+    assert mirror.protected() == set()
+    one = commit(fast, 1)
+    remote.gate.clear()
+    mirror.submit(one)
+    assert remote.started.wait(10) and mirror.protected() == {one.name}
+    waiting = [commit(fast, step) for step in (2, 3)]
+    for record in waiting:
+        mirror.submit(record)
+    assert mirror.protected() == {one.name, waiting[-1].name}  # step 2 was replaced: no longer needed
+    remote.gate.set()
+    mirror.wait()
+    assert mirror.protected() == set()
+    assert [r.step for r in read_manifest(remote)] == [1, 3]
+
+
 def test_a_failed_upload_is_raised_in_the_training_thread_and_both_tiers_keep_their_checkpoints(
     fast: LocalStorage, remote: GatedStorage
 ) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autockpt_core.persist import LocalStorage, read_manifest
-from autockpt_core.persist.manifest import CheckpointRecord
+from autockpt_core.persist.manifest import CheckpointRecord, write_manifest
 from autockpt_core.persist.names import free_name
 from autockpt_core.persist.tiers import copy_checkpoint, hydrate, newest_of_tiers, same_checkpoint
 from tests.core.persist.committing import commit
@@ -75,8 +75,10 @@ def test_free_name(name: str, taken: set[str], expected: str) -> None:
 #
 # Each history is a list of events: ("fast", step) commits a checkpoint in the fast tier,
 # ("mirror", step) copies the fast tier's checkpoint of that step to the mirror, ("remote", step)
-# commits one in the mirror only (another node's work), ("wipe", 0) loses the fast tier (a new
-# node), ("corrupt-fast"/"corrupt-mirror", step) damages that tier's file of the step.
+# commits one in the mirror only (another node's work of the same run), ("other-run", step)
+# commits one of another run in the fast tier, ("drop-fast", step) is the fast tier's retention
+# of that step, ("wipe", 0) loses the fast tier (a new node), ("corrupt-fast"/"corrupt-mirror",
+# step) damages that tier's file of the step.
 
 HISTORIES = [
     ("both empty", [], None),
@@ -85,9 +87,24 @@ HISTORIES = [
     ("the fast tier is ahead of the mirror", [("fast", 2), ("mirror", 2), ("fast", 4), ("fast", 6)], ("fast", 6)),
     ("both hold the same newest: the local copy", [("fast", 2), ("mirror", 2)], ("fast", 2)),
     (
-        "this node's disk is from an older branch: the mirror's newest, though its step is lower",
+        "this node trained the run further than another node's newest upload: its own later step",
         [("fast", 2), ("mirror", 2), ("fast", 8), ("remote", 4)],
-        ("mirror", 4),
+        ("fast", 8),
+    ),
+    (
+        "another node trained the run further than this one: the mirror's newest",
+        [("fast", 2), ("mirror", 2), ("fast", 4), ("remote", 6)],
+        ("mirror", 6),
+    ),
+    (
+        "uploads lagged and retention dropped the mirror's newest here: this node's newest",
+        [("fast", 2), ("mirror", 2), ("fast", 4), ("fast", 6), ("drop-fast", 2)],
+        ("fast", 6),
+    ),
+    (
+        "this node's later checkpoint is of another run: the mirror's newest",
+        [("fast", 2), ("mirror", 2), ("other-run", 8), ("drop-fast", 2)],
+        ("mirror", 2),
     ),
     (
         "the fast tier's newer checkpoint is corrupt: the local copy of the mirror's newest",
@@ -116,6 +133,14 @@ def replay(fast: LocalStorage, mirror: LocalStorage, events: list[tuple[str, int
             mirror_of(fast, mirror, next(r for r in read_manifest(fast) if r.step == step))
         elif kind == "remote":
             commit(mirror, step, run="run-a")
+        elif kind == "other-run":
+            commit(fast, step, run="run-b")
+        elif kind == "drop-fast":  # retention: unlisted, then deleted
+            records = read_manifest(fast)
+            write_manifest(fast, [r for r in records if r.step != step])
+            for r in records:
+                if r.step == step:
+                    (fast.root / r.name).unlink()
         elif kind == "wipe":
             for p in fast.root.iterdir():
                 p.unlink()
@@ -146,7 +171,10 @@ def test_other_frameworks_and_rejected_records_do_not_count(tiers: tuple[LocalSt
     commit(mirror, 9, framework="keras")
     commit(mirror, 7)
     commit(fast, 8)
+    commit(fast, 10, framework="keras")
     record, tier = newest_of_tiers(fast, mirror, framework="toy")
+    assert tier is fast and record is not None and record.step == 8  # the run, further here
+    record, tier = newest_of_tiers(fast, mirror, framework="toy", accept=lambda r: r.step != 8)
     assert tier is mirror and record is not None and record.step == 7
     record, tier = newest_of_tiers(fast, mirror, framework="toy", accept=lambda r: r.step < 7)
     assert record is None and tier is None
