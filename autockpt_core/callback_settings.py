@@ -126,6 +126,7 @@ class CallbackSettings:
         mirror_max_failures: int = _D["mirror_max_failures"],
         mirror_max_outage: float | str = _D["mirror_max_outage"],
         mirror_preempt_wait: float | str = _D["mirror_preempt_wait"],
+        mirror_takeover: bool = _D["mirror_takeover"],
         allow_pickle: bool = _D["allow_pickle"],
         config: Config | None = None,
         save_on_train_end: bool = True,

@@ -134,6 +134,7 @@ class CheckpointStore:
             self.storage, self.framework, self.suffix, resume=self.config.resume, mirror=mirror,
             mirror_run=lambda: getattr(store(), "run", None),
             mirror_lost=self.mirror.stop if self.mirror is not None else lambda message: None,
+            mirror_takeover=self.config.mirror_takeover,
         )  # fmt: skip
         self._opened = True
         self._release = weakref.finalize(self, held.release)

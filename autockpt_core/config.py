@@ -98,6 +98,10 @@ class Config:
             once it is committed in ``dirpath`` (seconds or "60s"); an older upload still running
             is abandoned first, so this one goes next. The run exits with 128 + signal whether
             the upload finished or not; the message says which tier holds what. Default "60s".
+        mirror_takeover: Take a URL mirror's claim from a run that still renews it (that
+            run stops uploading at its next heartbeat, with ``MirrorWriteError``). Off by
+            default: a live claim refuses the second run, naming the holder. For a job that
+            replaces a hung one; a local mirror directory's lock ends only with its process.
         allow_pickle: Lightning: load checkpoints with full unpickling, which runs code named
             in the file. Off by default: a resume loads weights only (tensors, numbers, strings
             and containers, and the classes registered with ``torch.serialization.add_safe_globals``),
@@ -131,6 +135,7 @@ class Config:
     mirror_max_failures: int = 5
     mirror_max_outage: float = 3600.0
     mirror_preempt_wait: float = 60.0
+    mirror_takeover: bool = False
     allow_pickle: bool = False
 
     def __post_init__(self) -> None:
@@ -179,7 +184,7 @@ class Config:
                 raise ConfigError(name, None, "must be a duration", f"pass seconds or a string like {example}")
         set_(self, "warmup_steps", _check_int("warmup_steps", self.warmup_steps, minimum=0))
         set_(self, "profile_window", _check_int("profile_window", self.profile_window, minimum=3))
-        for name in ("async_persist", "resume", "adaptive", "verbose", "allow_pickle"):
+        for name in ("async_persist", "resume", "adaptive", "verbose", "mirror_takeover", "allow_pickle"):
             set_(self, name, _check_bool(name, getattr(self, name)))
         if self.schedule not in SCHEDULES:
             raise ConfigError(

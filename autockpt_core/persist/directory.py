@@ -54,10 +54,11 @@ def open_directory(
     mirror: Storage | None = None,
     mirror_run: Callable[[], str | None] = lambda: None,
     mirror_lost: Callable[[str], None] = lambda message: None,
+    mirror_takeover: bool = False,
 ) -> Held:
     """Lock, probe (``mirror`` too, if given, which is then taken: ``mirror_run`` names the run
-    in its claim, ``mirror_lost`` is called if another session takes it over) and (``resume``)
-    clean up; returns what is held.
+    in its claim, ``mirror_lost`` is called if another session takes it over,
+    ``mirror_takeover`` takes a live claim too) and (``resume``) clean up; returns what is held.
 
     Raises ``ConfigError`` (field ``dirpath``, or ``mirror``: the location, the OS error and
     the fix) when the directory cannot be created or written, ``DirectoryLockedError`` when
@@ -73,7 +74,9 @@ def open_directory(
         probe(storage)
         if mirror is not None:
             writable, store_now = probe_mirror(storage, mirror, framework, resume)
-            held.mirror = take_mirror_or_warn(mirror, framework, mirror_run, mirror_lost, writable, store_now)
+            held.mirror = take_mirror_or_warn(
+                mirror, framework, mirror_run, mirror_lost, writable, store_now, mirror_takeover
+            )
         if lock is not None and resume:
             remove_leftovers(storage, lock.path.parent, suffix)
     except BaseException:
@@ -89,12 +92,13 @@ def take_mirror_or_warn(
     lost: Callable[[str], None],
     writable: bool,
     store_now: float | None,
+    takeover: bool = False,
 ) -> DirectoryLock | MirrorClaim | None:
     """:func:`~.mirror_claim.take_mirror`; a mirror that cannot be written now (``writable``
     False: its probe warned) and not claimed either gets a warning: the run goes on,
     unprotected from a second writer."""
     try:
-        return take_mirror(mirror, framework, run, lost, store_now)
+        return take_mirror(mirror, framework, run, lost, store_now, takeover)
     except DirectoryLockedError:
         raise
     except Exception as exc:

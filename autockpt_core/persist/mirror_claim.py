@@ -3,17 +3,22 @@ checkpoints and compete over its newest record, so a session takes the mirror wh
 
 - A local mirror directory is locked as ``dirpath`` is (:mod:`.lock`, field ``mirror``).
 - A URL mirror (object storage has no locks) gets a claim object, :data:`CLAIM_NAME`: JSON
-  naming the session, its run, host, pid and framework, and a heartbeat count that the
-  holder rewrites every :data:`HEARTBEAT_S` seconds from a daemon thread.
+  naming the session, its run, framework and process (host, pid, boot id, PID namespace and
+  start time: :mod:`.process_identity`), and a heartbeat count that the holder rewrites every
+  :data:`HEARTBEAT_S` seconds from a daemon thread. The claim is a lease, not a lock.
 
 Taking a URL mirror (:meth:`MirrorClaim.take`, training thread, in ``CheckpointSession.open``
 after the mirror's write probe): no claim, or this session's own, is taken at once. Another
-session's claim is taken over when that session is gone: a process of this host that no
-longer runs (a rerun on the same node), a session of this process that was closed or
-collected, or a claim not renewed for :data:`STALE_AFTER_S` seconds, judged by the store's own
-clock (the claim's modification time against the probe's, so machines' clocks never compare)
-or, where the store cannot tell, by watching it that long. A claim renewed while watched is a
-live run: :class:`~autockpt_core.errors.DirectoryLockedError` names it and the fix.
+session's claim is taken over when that session is gone: a process that no longer runs, where
+its pid can be looked up here (same host, boot and PID namespace; a pid reused by a later
+process does not count), a session of this process that was closed or collected, or a claim
+not renewed for :data:`STALE_AFTER_S` seconds, judged by the store's own clock (the claim's
+modification time against the probe's, so machines' clocks never compare) or, where the store
+cannot tell, by watching it that long. Every other claim (another host, another container's
+PID namespace) is judged that way. A claim renewed while watched is a live run:
+:class:`~autockpt_core.errors.DirectoryLockedError` names it and the fix, unless
+``take_over`` (``Config.mirror_takeover``) takes it anyway; its holder stops uploading at its
+next heartbeat.
 
 Holding it: each heartbeat reads the claim first; finding another session's claim there (two
 sessions that started at the same moment, or a holder cut off from the store for longer than
@@ -31,8 +36,6 @@ import dataclasses
 import gc
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -41,6 +44,7 @@ from typing import Callable
 
 from ..errors import DirectoryLockedError
 from .lock import DirectoryLock, lock_directory
+from .process_identity import ProcessIdentity, still_running
 from .storage import Storage, modified_time
 
 log = logging.getLogger("autockpt")
@@ -69,10 +73,18 @@ class Claim:
     framework: str
     started: float
     beat: int = 0
+    boot: str | None = None
+    pid_ns: str | None = None
+    pid_started: int | None = None
+    """The holder's boot id, PID namespace and start time (:mod:`.process_identity`); None in
+    claims of older versions or from systems without them."""
 
     def describe(self) -> str:
         run = f"run {self.run}, " if self.run else ""
         return f"{run}host {self.host}, pid {self.pid}, framework {self.framework!r}"
+
+
+_CLAIM_FIELDS = frozenset(f.name for f in dataclasses.fields(Claim))
 
 
 def read_claim(storage: Storage, attempts: int = 5) -> Claim | None:
@@ -85,7 +97,7 @@ def read_claim(storage: Storage, attempts: int = 5) -> Claim | None:
         try:
             with storage.open_read(CLAIM_NAME) as f:
                 data = json.loads(f.read().decode("utf-8"))
-            return Claim(**data)
+            return Claim(**{k: v for k, v in data.items() if k in _CLAIM_FIELDS})
         except FileNotFoundError:
             return None
         except (ValueError, TypeError, UnicodeDecodeError):
@@ -111,8 +123,11 @@ class MirrorClaim:
         stale_after_s: float | None = None,
         sleep: Callable[[float], object] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        take_over: bool = False,
     ) -> None:
         self.storage = storage
+        self._me = ProcessIdentity.current()
+        self._take_over = take_over
         self.session = uuid.uuid4().hex
         self._framework = framework
         self._run = run
@@ -134,7 +149,11 @@ class MirrorClaim:
         heartbeat. ``store_now``: the store's clock a moment ago (the probe's modification time)."""
         found = read_claim(self.storage)
         if found is not None and found.session != self.session and not self._gone(found, store_now):
-            self._watch(found)
+            if self._take_over:
+                log.warning("autockpt: taking over the mirror %s from %s (mirror_takeover=True); that run stops "
+                            "uploading at its next heartbeat", self.storage.location, found.describe())  # fmt: skip
+            else:
+                self._watch(found)
         self._write()
         _live_sessions[self.session] = self
         self._thread = threading.Thread(target=self._heartbeat, name="autockpt-mirror-claim", daemon=True)
@@ -170,10 +189,10 @@ class MirrorClaim:
 
     def _gone(self, found: Claim, store_now: float | None) -> bool:
         """Whether ``found``'s session is known to be gone without waiting."""
-        if found.host == socket.gethostname():
-            if found.pid == os.getpid():
+        if self._me.shares_pid_space(found.host, found.boot, found.pid_ns):
+            if self._me.is_process(found.pid, found.pid_started):
                 return found.session not in _live_sessions
-            if not _process_runs(found.pid):
+            if not still_running(found.pid, found.pid_started):
                 log.info("autockpt: the mirror's claim by %s is left from a process that ended; taking it over",
                          found.describe())  # fmt: skip
                 return True
@@ -189,7 +208,7 @@ class MirrorClaim:
 
     def _watch(self, found: Claim) -> None:
         """Wait until ``found`` is renewed (a live run: raise) or stale (taken over)."""
-        if found.host == socket.gethostname() and found.pid == os.getpid():
+        if self._in_this_process(found):
             gc.collect()  # an unreachable session of this process releases its claim when collected
             if found.session in _live_sessions:
                 raise self._refusal(found, "in this process")
@@ -209,11 +228,20 @@ class MirrorClaim:
         log.warning("autockpt: the mirror's claim by %s was not renewed for %.0fs; taking it over",
                     found.describe(), self.stale_after_s)  # fmt: skip
 
+    def _in_this_process(self, found: Claim) -> bool:
+        return self._me.shares_pid_space(found.host, found.boot, found.pid_ns) and self._me.is_process(
+            found.pid, found.pid_started
+        )
+
     def _refusal(self, found: Claim, where: str) -> DirectoryLockedError:
+        takeover = "" if where == "in this process" else (
+            ", or, if that run is hung and this one replaces it, set mirror_takeover=True (that run then "
+            "stops uploading at its next heartbeat)"
+        )  # fmt: skip
         return DirectoryLockedError(
             f"autockpt: another session {where} is using {self.storage.location} as its mirror ({found.describe()}); "
             "two runs sharing a mirror would resume each other's checkpoints. Fix: wait for that run to end "
-            "(or stop it), or give this run another mirror. A claim left by a run that is gone expires "
+            f"(or stop it), or give this run another mirror{takeover}. A claim left by a run that is gone expires "
             f"{self.stale_after_s:.0f}s after its last heartbeat, or remove {self.storage.location}/{CLAIM_NAME}.",
             self.storage.location,
             dataclasses.asdict(found),
@@ -222,9 +250,11 @@ class MirrorClaim:
     # -- holding --------------------------------------------------------------------------------
 
     def _write(self) -> None:
+        me = self._me
         claim = Claim(
-            self.session, self._run(), socket.gethostname(), os.getpid(), self._framework, self._started, self._beat
-        )
+            self.session, self._run(), me.host, me.pid, self._framework, self._started, self._beat,
+            me.boot, me.pid_ns, me.started,
+        )  # fmt: skip
         data = json.dumps(dataclasses.asdict(claim)).encode("utf-8")
         self.storage.write_atomic(CLAIM_NAME, lambda f: f.write(data))
 
@@ -259,28 +289,20 @@ class MirrorClaim:
         self._on_lost(self.lost)
 
 
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def take_mirror(
     mirror: Storage,
     framework: str,
     run: Callable[[], str | None],
     on_lost: Callable[[str], None],
     store_now: float | None,
+    take_over: bool = False,
 ) -> DirectoryLock | MirrorClaim | None:
     """Lock a local mirror directory, or claim a URL mirror (see the module docstring); returns
-    what to ``release()`` at the session's end (None: a filesystem without locks, warned)."""
+    what to ``release()`` at the session's end (None: a filesystem without locks, warned).
+    ``take_over``: take a URL mirror's claim even from a live run."""
     if mirror.local_path(CLAIM_NAME) is not None:
         return lock_directory(mirror, framework, field="mirror")
-    claim = MirrorClaim(mirror, framework, run, on_lost)
+    claim = MirrorClaim(mirror, framework, run, on_lost, take_over=take_over)
     claim.take(store_now)
     return claim
 

@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 
 from autockpt_core import CheckpointSession, Config, DirectoryLockedError, Snapshot, write_tensor_file
-from autockpt_core.errors import MirrorWriteError
+from autockpt_core.errors import ConfigError, MirrorWriteError
 from autockpt_core.persist import mirror_claim
 from autockpt_core.persist.lock import LOCK_NAME
 from autockpt_core.persist.mirror_claim import CLAIM_NAME, Claim, MirrorClaim, read_claim
+from autockpt_core.persist.process_identity import ProcessIdentity, start_ticks
 from autockpt_core.persist.storage import FsspecStorage, modified_time
 from tests.core.persist.holding import ROOT
 
@@ -282,3 +283,107 @@ def test_a_session_of_this_process_refuses_a_second_one_until_it_is_closed_or_co
     second = session_for(tmp_path / "b", url)
     second.start(0)
     second.finish()
+
+
+SECOND_IN_ITS_OWN_PID_NAMESPACE = """
+import sys
+from autockpt_core import CheckpointSession, Config, DirectoryLockedError
+from autockpt_core.persist import mirror_claim
+mirror_claim.STALE_AFTER_S = 10.0  # the holder renews every 0.2 s
+options = {"endpoint_url": sys.argv[3], "key": "testing", "secret": "testing"}
+session = CheckpointSession(
+    Config(dirpath=sys.argv[1], mirror=sys.argv[2], storage_options=options, verbose=False),
+    framework="np", suffix=".st",
+)
+try:
+    session.start(0)
+except DirectoryLockedError as exc:
+    print("REFUSED", exc, flush=True)
+else:
+    print("TOOK", flush=True)
+    session.finish()
+"""
+
+
+def _own_pid_namespace_command() -> list[str] | None:
+    """``unshare`` into a new PID namespace with its own /proc, where this machine allows it."""
+    for command in (["unshare", "--pid", "--fork", "--mount-proc"],
+                    ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]):  # fmt: skip
+        try:
+            probe = subprocess.run([*command, "true"], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if probe.returncode == 0:
+            return command
+    return None
+
+
+def test_a_second_job_in_another_pid_namespace_of_this_host_is_refused_and_the_first_trains_on(
+    tmp_path: Path, s3_server: Any, holders
+) -> None:
+    unshare = _own_pid_namespace_command()
+    if unshare is None:
+        pytest.skip("this machine does not allow a new PID namespace (unshare --pid --fork --mount-proc)")
+    url = s3_server.url(f"pidns-{uuid.uuid4().hex[:8]}")
+    holder = holders(tmp_path / "node-a", url, s3_server.endpoint)
+    second = subprocess.run(
+        [*unshare, sys.executable, "-c", SECOND_IN_ITS_OWN_PID_NAMESPACE, str(tmp_path / "node-b"), url,
+         s3_server.endpoint],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert second.stdout.startswith("REFUSED"), second.stdout + second.stderr
+    assert f"pid {holder.proc.pid}" in second.stdout and "mirror_takeover=True" in second.stdout
+    remote = FsspecStorage(url, s3_server.storage_options)
+    assert (claim := read_claim(remote)) is not None and claim.pid == holder.proc.pid
+    holder.release()  # its session finishes: the claim stayed its own all along
+
+
+def own_identity_claim(storage: FsspecStorage, **fields: Any) -> Claim:
+    """A claim of another session written with this process's identity, changed by ``fields``."""
+    me = ProcessIdentity.current()
+    claim = Claim("other-session", "run-x", me.host, me.pid, "np", time.time(), 0, me.boot, me.pid_ns, me.started)
+    claim = dataclasses.replace(claim, **fields)
+    data = json.dumps(dataclasses.asdict(claim)).encode()
+    storage.write_atomic(CLAIM_NAME, lambda f: f.write(data))
+    return claim
+
+
+@pytest.mark.skipif(ProcessIdentity.current().pid_ns is None, reason="needs Linux's /proc of this PID namespace")
+@pytest.mark.parametrize(
+    ("fields", "outcome"),
+    [
+        ({"pid": 1 << 22, "pid_started": 5}, "taken at once: no such process"),
+        ({"pid": os.getppid()}, "watched: a live process of this PID space"),
+        ({"pid": os.getppid(), "pid_started": 1}, "taken at once: the pid was reused"),
+        ({"pid": os.getppid(), "pid_ns": "pid:[1]"}, "watched: another PID namespace"),
+        ({"pid": 1 << 22, "boot": "another-boot"}, "watched: another boot"),
+        ({"pid": 1 << 22, "boot": None, "pid_ns": None, "pid_started": None}, "watched: a claim without identity"),
+    ],
+)
+def test_a_pid_is_trusted_only_in_the_same_host_boot_and_pid_namespace(fields: dict[str, Any], outcome: str) -> None:
+    storage = memory_mirror()
+    if "pid_started" not in fields and fields.get("pid") == os.getppid():
+        fields["pid_started"] = start_ticks(os.getppid())
+    own_identity_claim(storage, **fields)
+    fake = FakeTime()
+    claim = claim_on(storage, fake)
+    claim.take(store_now=None)  # never renewed: a watched claim is taken after 45 s
+    assert (fake.sleeps == 0) == outcome.startswith("taken at once"), outcome
+    assert read_claim(storage).session == claim.session  # type: ignore[union-attr]
+    claim.release()
+
+
+def test_mirror_takeover_takes_a_claim_that_is_renewed(tmp_path: Path) -> None:
+    url = f"memory://claims/{uuid.uuid4().hex[:8]}"
+    storage = FsspecStorage(url)
+    foreign_claim(storage)
+    fake = FakeTime(lambda fake: foreign_claim(storage, beat=fake.sleeps))  # renewed while watched
+    with pytest.raises(DirectoryLockedError, match="mirror_takeover=True"):
+        claim_on(storage, fake).take(store_now=None)
+    taker = MirrorClaim(storage, "np", lambda: "my-run", [].append, heartbeat_s=3600, take_over=True)
+    taker.take(store_now=None)
+    assert read_claim(storage).session == taker.session  # type: ignore[union-attr]
+    taker.release()
+    assert Config(dirpath=str(tmp_path), mirror=url, mirror_takeover="yes").mirror_takeover is True  # YAML's words
+    with pytest.raises(ConfigError, match="mirror_takeover"):
+        Config(dirpath=str(tmp_path), mirror=url, mirror_takeover="always")  # type: ignore[arg-type]
