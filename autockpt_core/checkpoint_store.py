@@ -75,6 +75,7 @@ class CheckpointStore:
             self.mirror = Mirror(
                 self.storage, target, keep, clock=clock,
                 max_failures=config.mirror_max_failures, max_outage=config.mirror_max_outage,
+                stall_timeout=config.mirror_stall_timeout,
             )  # fmt: skip
         self.persist_mode = choose_persist_mode(
             config.persist_mode,
@@ -139,16 +140,19 @@ class CheckpointStore:
         self._opened = True
         self._release = weakref.finalize(self, held.release)
 
-    def close(self) -> None:
+    def close(self, wait_for_mirror: bool = True) -> None:
         """Wait for the writer and the mirror (re-raising their errors), then release the host
-        buffers, the persist process and the locks (also when raising). Idempotent."""
+        buffers, the persist process and the locks (also when raising). Idempotent.
+        ``wait_for_mirror`` False (training failed): the mirror is left, what it lacks logged."""
         try:
             try:
                 self.writer.close()
             finally:
-                if self.mirror is not None:
+                if self.mirror is not None and wait_for_mirror:
                     self.mirror.close()  # the last checkpoint reaches the mirror before the run ends
                     self.writer.retain_again()  # what was kept for the mirror's sake may go now
+                elif self.mirror is not None and (lacks := self.mirror.leave()) is not None:
+                    log.warning(lacks)
         finally:
             self.released_bytes = self.buffers.release_all() or self.released_bytes  # a prefault ends first
             if self._process is not None:

@@ -88,12 +88,18 @@ class Config:
             checkpoint of either tier (a fresh node has only the mirror's). See
             ``docs/reliability.md``, "A local fast tier with a mirror".
         mirror_keep_last: How many checkpoints the mirror keeps (default: ``keep_last``).
-        mirror_max_failures: Failed uploads in a row after which training stops with
-            ``MirrorWriteError``. Each failure before is a ``RuntimeWarning``, and the upload is
-            tried again after 1, 2, 4, ... seconds (at most 60), with the newest checkpoint
-            committed by then. Default 5.
         mirror_max_outage: Time without a successful upload (seconds or "30min") after which a
-            failed upload stops training even before ``mirror_max_failures``. Default "1h".
+            failed upload stops training with ``MirrorWriteError``. Each failure before is a
+            ``RuntimeWarning`` (with the count and the age of the mirror's newest upload), and
+            the upload is tried again after 1, 2, 4, ... seconds (at most 60), with the newest
+            checkpoint committed by then. Default "30min": what a node lost during an outage
+            costs is the work since the mirror's newest upload (``docs/reliability.md``).
+        mirror_max_failures: Also stop after this many failed uploads in a row. Default None
+            (only ``mirror_max_outage``).
+        mirror_stall_timeout: An upload that writes nothing for this long (seconds or "2min")
+            is a failed upload: warned, retried and counted as one (a hung mount, an endpoint
+            that went silent). Default "2min"; keep it above the time one block of the upload
+            takes (s3fs: 50 MB parts).
         mirror_preempt_wait: How long an emergency checkpoint (preemption) waits for the mirror
             once it is committed in ``dirpath`` (seconds or "60s"); an older upload still running
             is abandoned first, so this one goes next. The run exits with 128 + signal whether
@@ -132,8 +138,9 @@ class Config:
     storage_options: Mapping[str, Any] | None = None
     mirror: str | None = None
     mirror_keep_last: int | None = None
-    mirror_max_failures: int = 5
-    mirror_max_outage: float = 3600.0
+    mirror_max_failures: int | None = None
+    mirror_max_outage: float = 1800.0
+    mirror_stall_timeout: float = 120.0
     mirror_preempt_wait: float = 60.0
     mirror_takeover: bool = False
     allow_pickle: bool = False
@@ -177,8 +184,9 @@ class Config:
                 "mirror_keep_last", self.mirror_keep_last, "is the mirror's retention, but no mirror is set",
                 "set mirror='s3://bucket/run' (or another URL or directory), or drop mirror_keep_last",
             )
-        set_(self, "mirror_max_failures", _check_int("mirror_max_failures", self.mirror_max_failures, minimum=1))
-        for name, example in (("mirror_max_outage", "'30min'"), ("mirror_preempt_wait", "'60s'")):
+        set_(self, "mirror_max_failures", _check_optional_positive_int("mirror_max_failures", self.mirror_max_failures))
+        durations = (("mirror_max_outage", "'30min'"), ("mirror_stall_timeout", "'2min'"), ("mirror_preempt_wait", "'60s'"))
+        for name, example in durations:
             set_(self, name, _check_optional_duration(name, getattr(self, name), example))
             if getattr(self, name) is None:
                 raise ConfigError(name, None, "must be a duration", f"pass seconds or a string like {example}")

@@ -363,9 +363,9 @@ class FitDriver:
             raise Preempted(signum, step)
 
     def abandon(self) -> None:
-        """``fit()`` raised: the in-flight persist completes and the session is released; an
-        error is logged, never raised (the exception that stopped training stays). Any thread;
-        idempotent; nothing after :meth:`finish`."""
+        """``fit()`` raised: the in-flight persist completes and the session is released, without
+        waiting for the mirror (what it lacks is logged); an error is logged, never raised (the
+        exception that stopped training stays). Any thread; idempotent; nothing after :meth:`finish`."""
         with self._finish_lock:
             if self._finished:
                 return
@@ -385,7 +385,7 @@ class FitDriver:
                 error = exc
         if self.session is not None and wait:
             try:
-                self.summary = self.session.finish()  # waits for the last persist
+                self.summary = self.session.finish(wait_for_mirror=not failed)  # waits for the last persist
             except Exception as exc:
                 error = error or exc
             else:

@@ -131,16 +131,17 @@ class CheckpointSession(StoreParts):
 
     # -- opening and closing ----------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, wait_for_mirror: bool = True) -> None:
         """Wait for the copy in flight and the persist, then release the buffers and the locks;
         re-raise the persist's error, if any (released regardless). Idempotent.
 
         ``finish()`` calls it. Adapters call it on failure paths that skip ``finish()``.
+        ``wait_for_mirror`` False (training failed): the mirror is not waited for.
         """
         try:
             self.before_update()
         finally:
-            self.store.close()
+            self.store.close(wait_for_mirror)
 
     # -- training loop ----------------------------------------------------------------------
 
@@ -336,12 +337,12 @@ class CheckpointSession(StoreParts):
         if cost is not None and self._on_cost is not None:
             self._on_cost(cost)
 
-    def finish(self) -> RunSummary:
+    def finish(self, wait_for_mirror: bool = True) -> RunSummary:
         """:meth:`close`, then summarise the run; the wait for the last persist counts as
         blocked time (the training process waits for it before it can end)."""
         start = self.clock()
         try:
-            self.close()
+            self.close(wait_for_mirror)
         finally:
             if self.ledger.checkpoints:
                 self.ledger.waited_at_end(self.clock() - start)

@@ -21,11 +21,18 @@ or more thus cost the fast tier at most two checkpoint files beyond ``keep_last`
 file an upload is reading. A rerun on the same node resumes its own newest checkpoint of the run
 whenever that is ahead of the mirror's (:mod:`.tiers`).
 
-Failures (:class:`Mirror` arguments ``max_failures``, ``max_outage``): a failed upload is a
-warning (logged, and a ``RuntimeWarning`` in the training thread) and is tried again after
-1, 2, 4, ... seconds (at most 60; with the newest checkpoint committed by then). Only
-``max_failures`` failures in a row, or a failure ``max_outage`` seconds after the last
-successful upload (or the mirror's start), is an error: stored and raised, once, in the
+Deadlines: every call on the mirror's storage (the copy, its listing, the retention) runs in a
+thread of its own (:mod:`.watched_call`); an upload that makes no progress (no block written)
+for ``stall_timeout`` seconds is a failed upload, and a retention that stalls is a warning. So
+the mirror thread never hangs on a hung mount or a silent endpoint, and :meth:`Mirror.close`
+returns once the uploads are done or the failure rules below stop them.
+
+Failures (:class:`Mirror` arguments ``max_outage``, ``max_failures``): a failed upload is a
+warning (logged, and a ``RuntimeWarning`` in the training thread, with the count and the age
+of the mirror's newest upload) and is tried again after 1, 2, 4, ... seconds (at most 60; with
+the newest checkpoint committed by then). Only a failure ``max_outage`` seconds after the last
+successful upload (or the mirror's start), or, where set, ``max_failures`` failures in a row,
+is an error: stored and raised, once, in the
 training thread as :class:`~autockpt_core.errors.MirrorWriteError` by the next
 ``raise_if_failed`` or ``wait``. The checkpoint stays committed in the fast tier and the mirror
 keeps its previous newest checkpoint.
@@ -35,8 +42,12 @@ first; then an older upload still running is abandoned (its partial copy removed
 listed) so this one goes next, and the training thread waits for it at most a bounded time.
 Whatever the outcome, nothing is raised there: the result says which tier holds what.
 
+The failure path (:meth:`Mirror.leave`, when training raised): no waiting and no more
+retries; the upload in flight goes on while the process lives, and what the mirror lacks is
+logged, so the training error surfaces at once.
+
 Threading: ``submit`` from any thread (the writer thread calls it); ``wait``, ``deliver``,
-``raise_if_failed`` and ``close`` from the training thread. Uploads run in a daemon thread:
+``raise_if_failed``, ``close`` and ``leave`` from the training thread. Uploads run in a daemon thread:
 ``close()`` (the session's end) waits for them, and an upload that hangs in the network after
 a preemption must not keep the process from exiting (an upload cut short leaves nothing listed
 in the mirror). Retention problems come back as warnings.
@@ -57,11 +68,13 @@ from .manifest import CheckpointRecord, read_manifest
 from .retention import retain
 from .storage import Storage
 from .tiers import UploadAbandoned, copy_checkpoint, same_checkpoint
+from .watched_call import CallStalled, Progress, call_watched
 
 log = logging.getLogger("autockpt")
 
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
+STALL_TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +99,14 @@ class Mirror:
         keep_last: int,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
-        max_failures: int = 5,
-        max_outage: float = 3600.0,
+        max_failures: int | None = None,
+        max_outage: float = 1800.0,
         retry_first_s: float = RETRY_FIRST_S,
+        stall_timeout: float = STALL_TIMEOUT_S,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self._stall_s = stall_timeout
         self._max_failures = max_failures
         self._max_outage = max_outage
         self.retry_first_s = retry_first_s
@@ -190,8 +205,26 @@ class Mirror:
             raise MirrorWriteError(message) from cause
 
     def close(self) -> None:
-        """Finish the uploads still to do and surface their error."""
+        """Finish the uploads still to do and surface their error (bounded: each upload ends
+        or fails within ``stall_timeout`` of no progress, and failures stop by the rules)."""
         self.wait()
+
+    def leave(self) -> str | None:
+        """Training failed: stop retrying and do not wait (training thread; never raises).
+        Returns what the mirror lacks, for the log (None when it lacks nothing)."""
+        with self._cond:
+            self._no_retries = True
+            self._failure, self._cause, self._failed_record, self._warnings = None, None, None, []
+            missing = self._pending or self._current if self._running else None
+            newest = self.last_record
+        if missing is None:
+            return None
+        has = f"its newest is step {newest.step}" if newest is not None else "it holds no checkpoint of this session"
+        return (
+            f"autockpt: training failed; not waiting for the mirror {self.target.location}: it lacks step "
+            f"{missing.step} ({missing.name}, committed in {self.source.location}; its upload goes on while "
+            f"this process lives), {has}"
+        )
 
     def deliver(self, record: CheckpointRecord, timeout: float) -> Delivery:
         """Preemption: get ``record`` (committed in the fast tier and submitted) into the mirror
@@ -258,10 +291,10 @@ class Mirror:
             self._failures_in_row += 1
             outage = self._clock() - self._last_success
             limit = 1 if self._no_retries else self._max_failures
-            if self._failures_in_row >= limit or outage >= self._max_outage:
+            if (limit is not None and self._failures_in_row >= limit) or outage >= self._max_outage:
                 why = (
                     f"{self._failures_in_row} failed upload(s) in a row"
-                    if self._failures_in_row >= limit
+                    if limit is not None and self._failures_in_row >= limit
                     else f"no successful upload for {outage:.0f}s"
                 )
                 self._failure, self._cause = self._describe(record, exc, why), exc
@@ -269,11 +302,18 @@ class Mirror:
                 self._cond.notify_all()
                 return
             delay = min(RETRY_MAX_S, self.retry_first_s * 2 ** (self._failures_in_row - 1))
+            newest = self.last_record
+            has = (
+                f"the mirror's newest is step {newest.step}, uploaded {_age(outage)} ago"
+                if newest is not None
+                else f"no upload of this session has reached the mirror yet ({_age(outage)} since it started)"
+            )
+            stops = f"{self._max_failures} failures in a row or " if self._max_failures is not None else ""
             text = (
                 f"autockpt: upload {self._failures_in_row} of {record.name} (step {record.step}) to "
-                f"{self.target.location} failed ({type(exc).__name__}: {exc}); trying again in {delay:g}s "
-                f"(training stops after {self._max_failures} failures in a row or {self._max_outage:g}s "
-                f"without a successful upload); the checkpoint is committed in {self.source.location}"
+                f"{self.target.location} failed ({type(exc).__name__}: {exc}); trying again in {delay:g}s. "
+                f"The checkpoint is committed in {self.source.location}; {has}. Training goes on and stops "
+                f"after {stops}{_age(self._max_outage)} without a successful upload (mirror_max_outage)"
             )
             log.warning(text)
             self._warnings.append(text)
@@ -285,10 +325,22 @@ class Mirror:
 
     def _upload(self, record: CheckpointRecord) -> None:
         start = self._clock()
+
+        def copy(progress: Progress) -> tuple[CheckpointRecord, list[CheckpointRecord]]:
+            return copy_checkpoint(
+                self.source, self.target, record, self._wall_clock,
+                cancelled=lambda: progress.abandoned or self._abandon, progress=progress.mark,
+            )  # fmt: skip
+
         try:
-            copied, records = copy_checkpoint(
-                self.source, self.target, record, self._wall_clock, cancelled=lambda: self._abandon
-            )
+            copied, records = call_watched(
+                copy, self._stall_s, f"upload of {record.name} to {self.target.location}", self._clock,
+                stop=lambda: self._abandon,
+            )  # fmt: skip
+        except CallStalled:
+            if self._abandon:
+                raise UploadAbandoned(f"the upload of {record.name} was abandoned") from None
+            raise
         except FileNotFoundError:
             if not any(r.name == record.name for r in read_manifest(self.source)):
                 with self._cond:  # retention dropped it: a newer checkpoint is committed and submitted
@@ -301,7 +353,15 @@ class Mirror:
             self.last_record = copied
         log.info("autockpt: mirrored %s (step %d, %d bytes) to %s in %.2fs",
                  record.name, record.step, record.size, self.target.location, self.last_upload_s)  # fmt: skip
-        problems = retain(self.target, copied, records, self._keep_last)
+        try:
+            problems = call_watched(
+                lambda progress: retain(self.target, copied, records, self._keep_last,
+                                        cancelled=lambda: progress.abandoned),
+                self._stall_s, f"retention in {self.target.location}", self._clock,
+            )  # fmt: skip
+        except CallStalled as exc:
+            problems = [f"autockpt: checkpoint {copied.name} (step {copied.step}) is in the mirror, but its "
+                        f"retention stalled ({exc}); older checkpoints there are kept for now"]  # fmt: skip
         for text in problems:
             log.warning(text)
         if problems:
@@ -322,3 +382,12 @@ class Mirror:
             "Fix: check that the mirror can be written (free space, permissions, the credentials in "
             "storage_options, the network); a rerun resumes from the newest checkpoint of either tier."
         )
+
+
+def _age(seconds: float) -> str:
+    """``seconds`` as a person reads it: 45s, 12min, 1.5h."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}min"
+    return f"{seconds / 3600:.1f}h"

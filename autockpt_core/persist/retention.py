@@ -12,6 +12,7 @@ so each problem comes back as a warning message naming what is kept.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Callable
 
 from .manifest import CheckpointRecord, commit_order, write_manifest
 from .storage import NotDurableError, Storage, location_of
@@ -23,11 +24,13 @@ def retain(
     records: list[CheckpointRecord],
     keep_last: int,
     keep: Collection[str] = (),
+    cancelled: Callable[[], bool] | None = None,
 ) -> list[str]:
     """Apply ``keep_last`` to ``records`` (the manifest just written, ``record`` newest in it).
 
     ``keep``: names never dropped here, even beyond ``keep_last`` (what the mirror still has to
-    upload, see :meth:`.mirror.Mirror.protected`). Returns the warnings
+    upload, see :meth:`.mirror.Mirror.protected`). ``cancelled()`` True before the manifest is
+    rewritten drops nothing (the caller stopped waiting for this call). Returns the warnings
     (empty when all went well); the caller issues them in the training thread.
     """
     same = [r for r in records if r.framework == record.framework and r.run == record.run]
@@ -37,6 +40,8 @@ def retain(
     if not dropped:
         return []
     names = {r.name for r in dropped}
+    if cancelled is not None and cancelled():
+        return []
     committed = f"checkpoint {record.name} (step {record.step}) is committed"
     try:
         write_manifest(storage, [r for r in records if r.name not in names])

@@ -64,6 +64,7 @@ def copy_checkpoint(
     record: CheckpointRecord,
     wall_clock: Callable[[], float] = time.time,
     cancelled: Callable[[], bool] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> tuple[CheckpointRecord, list[CheckpointRecord]]:
     """Copy ``record``'s file from ``source`` to ``target`` and commit it in ``target``'s manifest.
 
@@ -73,8 +74,9 @@ def copy_checkpoint(
     is appended to ``target``'s manifest with ``target``'s next ``seq``. A failure after the
     upload removes the unlisted copy. Returns the new record and the manifest's records (for
     retention). Runs in the calling thread; ``FileNotFoundError`` when the source file is gone.
-    ``cancelled`` is asked between blocks: True stops the copy with :class:`UploadAbandoned`
-    (the target's atomic write removes what it wrote; nothing is listed).
+    ``cancelled`` is asked between blocks and before the manifest is written: True stops the
+    copy with :class:`UploadAbandoned` (the target's atomic write removes what it wrote, or the
+    unlisted copy is deleted; nothing is listed). ``progress()`` is called after each block.
     """
     with source.open_read(record.name) as src:
         name = free_name(record.name, target.exists)
@@ -84,9 +86,13 @@ def copy_checkpoint(
                 if cancelled is not None and cancelled():
                     raise UploadAbandoned(f"the copy of {record.name} to {target.location} was abandoned")
                 out.write(block)
+                if progress is not None:
+                    progress()
 
         result = target.write_atomic(name, copy)
     try:
+        if cancelled is not None and cancelled():
+            raise UploadAbandoned(f"the copy of {record.name} to {target.location} was abandoned before its listing")
         if (result.size, result.checksum) != (record.size, record.checksum):
             raise ValueError(
                 f"{record.name} in {source.location} no longer matches its manifest record "
@@ -98,12 +104,21 @@ def copy_checkpoint(
         records = [r for r in records if r.name != name] + [copied]
         write_manifest(target, records)
     except BaseException:
-        try:
-            target.delete(name)
-        except Exception as exc:  # noqa: BLE001 - reported; the original error goes on
-            log.warning("autockpt: could not remove the unlisted copy %s in %s: %s", name, target.location, exc)
+        _remove_unlisted(target, name)
         raise
     return copied, records
+
+
+def _remove_unlisted(target: Storage, name: str) -> None:
+    """Delete the copy ``name`` that failed before its listing, unless ``target``'s manifest
+    lists that name: an abandoned upload that came back late wrote the same bytes as the retry
+    that replaced it, and must not delete the retry's listed file."""
+    try:
+        if any(r.name == name for r in read_manifest(target)):
+            return
+        target.delete(name)
+    except Exception as exc:  # noqa: BLE001 - reported; the original error goes on
+        log.warning("autockpt: could not remove the unlisted copy %s in %s: %s", name, target.location, exc)
 
 
 def newest_of_tiers(

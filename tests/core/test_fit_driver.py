@@ -41,6 +41,7 @@ class FakeSession:
         self.started: list[int] = []
         self.losses: list[float | None] = []
         self.finished = 0
+        self.waited_for_mirror: list[bool] = []
         self.finish_error: Exception | None = None
         self.record: CheckpointRecord | None = None
         self.writer = FakeWriter()
@@ -89,8 +90,9 @@ class FakeSession:
     def resume_record(self) -> CheckpointRecord | None:
         return self.record
 
-    def finish(self) -> RunSummary:
+    def finish(self, wait_for_mirror: bool = True) -> RunSummary:
         self.finished += 1
+        self.waited_for_mirror.append(wait_for_mirror)
         if self.finish_error is not None:
             raise self.finish_error
         return RunSummary("fake", 0, None, None, None, 0.02, None, None, None, None)
@@ -381,7 +383,7 @@ def test_abandon_logs_the_persist_error_and_never_raises(tmp_path: Path, caplog:
         driver.abandon()
         driver.abandon()
     driver.finish()  # after abandon: nothing
-    assert session.finished == 1
+    assert session.finished == 1 and session.waited_for_mirror == [False]  # training failed: no wait
     assert "the last persist failed" in caplog.text
 
 

@@ -139,3 +139,45 @@ def test_ddp_ranks_of_one_node_resume_from_s3_through_one_download(tmp_path: Pat
     downloads = re.findall(r"autockpt: downloaded (\S+) \(\d+ bytes\)", output)
     assert downloads == [f"{url}/ckpt-step000000007.ckpt"]  # one node: one download for both ranks
     assert not list(tmp_path.glob("autockpt-fetched-*"))  # removed once both ranks loaded it
+
+
+def test_an_exception_in_a_training_step_surfaces_at_once_while_the_mirror_endpoint_is_silent(
+    tmp_path: Path, s3_server: Any
+) -> None:
+    """The failure path never waits for the mirror: before, ``on_exception`` waited for the
+    upload in flight, and a silent endpoint kept the exception inside ``fit()`` for good."""
+    import time
+
+    import lightning.pytorch as pl
+
+    from autockpt_lightning import AutoCheckpoint
+    from tests.fault_proxy import FaultProxy
+    from tests.lightning.lightning_helpers import TinyData, TinyModel, make_trainer
+
+    proxy = FaultProxy(s3_server.port).start()
+    raised_at: list[float] = []
+
+    class SilencesThenFails(TinyModel):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.global_step == 3:
+                proxy.stall()  # the endpoint goes silent: the uploads of steps 5 and 10 hang
+            if self.global_step == 12:
+                raised_at.append(time.monotonic())
+                raise RuntimeError("a bug in training_step")
+            return super().training_step(batch, batch_idx)
+
+    options = {"endpoint_url": proxy.endpoint, "key": "testing", "secret": "testing"}
+    callback = AutoCheckpoint(
+        str(tmp_path / "ckpts"), mirror=s3_server.url(f"silent-{uuid.uuid4().hex[:8]}"), storage_options=options,
+        every_n_steps=5, warmup_steps=0, verbose=False,
+    )  # fmt: skip
+    trainer: pl.Trainer = make_trainer(tmp_path, [callback], max_steps=30, enable_checkpointing=False)
+    try:
+        with pytest.raises(RuntimeError, match="a bug in training_step"):
+            trainer.fit(SilencesThenFails(), datamodule=TinyData())
+        surfaced_s = time.monotonic() - raised_at[0]
+    finally:
+        proxy.stop()
+    print(f"\nexception to fit() raising: {surfaced_s:.2f} s (endpoint silent, mirror_stall_timeout 120 s)")
+    assert surfaced_s < 10  # the claim's release waits at most 5 s for the silent store
+    assert [r.step for r in read_manifest(storage_for(str(tmp_path / "ckpts")))] == [5, 10]

@@ -256,3 +256,44 @@ def test_deliver_gives_up_after_its_timeout_and_never_raises(fast: LocalStorage,
     # one attempt after deliver() began (one that failed before it may have been retried once)
     assert not delivery.uploaded and "connection reset" in (delivery.problem or "") and remote.attempts in (2, 3)
     mirror.raise_if_failed()  # reported in the delivery, not raised
+
+
+def test_an_upload_that_stalls_is_a_failed_upload_warned_and_retried(fast: LocalStorage, remote: GatedStorage) -> None:
+    mirror = Mirror(fast, remote, keep_last=5, stall_timeout=0.3, retry_first_s=0.05)
+    remote.gate.clear()  # the endpoint accepts and goes silent
+    record = commit(fast, 1)
+    mirror.submit(record)
+    deadline = time.monotonic() + 10
+    while mirror.failed_uploads == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mirror.failed_uploads >= 1 and mirror.busy  # a failure, and a retry under way
+    remote.gate.set()  # the endpoint is back: the stalled attempts come back too, late
+    with pytest.warns(RuntimeWarning, match=r"made no progress for [0-9.]+s \(stall timeout 0.3s\)"):
+        mirror.wait()
+    time.sleep(0.5)  # the abandoned attempts finish after the retry listed the checkpoint
+    assert [r.step for r in read_manifest(remote)] == [1]
+    assert (remote.root / record.name).exists()  # a late attempt never deletes the listed copy
+
+
+def test_a_stalled_upload_stops_by_the_failure_rules_and_close_returns(fast: LocalStorage, remote: GatedStorage) -> None:
+    mirror = Mirror(fast, remote, keep_last=5, stall_timeout=0.2, retry_first_s=0.05, max_failures=2)
+    remote.gate.clear()
+    mirror.submit(commit(fast, 1))
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="made no progress"), pytest.raises(
+        MirrorWriteError, match="2 failed upload.s. in a row"
+    ):
+        mirror.close()
+    assert time.monotonic() - start < 5
+    remote.gate.set()
+
+
+def test_leave_does_not_wait_and_says_what_the_mirror_lacks(fast: LocalStorage, remote: GatedStorage) -> None:
+    mirror = Mirror(fast, remote, keep_last=5)
+    assert mirror.leave() is None  # nothing to upload
+    mirror = mirror_holding_step_1(fast, remote)
+    start = time.monotonic()
+    lacks = mirror.leave()
+    assert time.monotonic() - start < 1
+    assert lacks is not None and "lacks step 1" in lacks and "holds no checkpoint of this session" in lacks
+    remote.gate.set()
