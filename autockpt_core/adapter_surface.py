@@ -19,6 +19,7 @@ ADAPTER_SURFACE = frozenset(
         "autockpt_core.persist.buffers",
         "autockpt_core.persist.checksum",
         "autockpt_core.persist.failures",
+        "autockpt_core.persist.fetched_copies",  # where a resume's local copies go, and their cleanup
         "autockpt_core.persist.file_set",
         "autockpt_core.persist.persist_process",
         "autockpt_core.persist.shared_memory",

@@ -19,7 +19,6 @@ import contextlib
 import inspect
 import os
 import pickle
-import tempfile
 import uuid
 import warnings
 from typing import Any, Callable, Mapping
@@ -32,6 +31,7 @@ from autockpt_core.agreed_check import AgreedCheck
 from autockpt_core.config import path_of_location
 from autockpt_core.fit_driver import FitDriver
 from autockpt_core.persist import CheckpointRecord, Storage, location_of
+from autockpt_core.persist.fetched_copies import PREFIX, fetch_directory, remove_stale_copies
 from autockpt_core.persist.storage import download
 from autockpt_core.persist.verified_fetch import FetchWhileVerifying
 
@@ -178,12 +178,12 @@ def node_copy(
         token, fetched = trainer.strategy.broadcast((token, fetched), src=0)
     if fetched is not None and trainer.node_rank == 0:
         return fetched, trainer.local_rank == 0
-    local = os.path.join(
-        tempfile.gettempdir(), f"autockpt-fetched-{token}-node{trainer.node_rank}{os.path.splitext(path)[1]}"
-    )
+    directory = fetch_directory()
+    local = os.path.join(directory, f"{PREFIX}{token}-node{trainer.node_rank}{os.path.splitext(path)[1]}")
     error: BaseException | None = None
     downloads = trainer.local_rank == 0
     if downloads:
+        remove_stale_copies(directory)  # left by ranks killed during a download or a load
         try:
             download(path, local, storage_options)
         except Exception as exc:

@@ -70,6 +70,7 @@ from .planned_end import planned_end_step
 from .progress_counters import NOT_STARTED, Counter, epoch_counter, step_counter
 from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
+from .trust_check import FirstCheckpointCheck
 
 __all__ = ["AutoCheckpoint", "CheckpointEvent", "PreemptionRecord", "latest_checkpoint"]
 
@@ -116,7 +117,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._driver: FitDriver | None = None  # per fit, every rank
         self._trainer: pl.Trainer | None = None
         self._snapshotter = TorchSnapshotter(self.config.snapshot_mode)  # new per fit, on rank 0
-        self._warmup = BufferWarmup()  # new per fit
+        self._warmup, self._trust = BufferWarmup(), FirstCheckpointCheck(True)  # new per fit
         self._sharded: ShardedSave | None = None  # every rank, per fit, under a sharded strategy
         self._restore_state: dict[str, Any] | None = None  # from load_state_dict, applied in on_train_start
         self._rng_for_save: dict[int, dict[str, Any]] | None = None
@@ -149,7 +150,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._trainer = trainer
         self._sharded = ShardedSave() if is_sharded(trainer) else None  # a collective: every rank
         self._session = self._new_session() if trainer.is_global_zero else None
-        self._warmup = BufferWarmup()
+        self._warmup, self._trust = BufferWarmup(), FirstCheckpointCheck(self.config.allow_pickle)
         if self._session is not None and previous is not None and trainer.global_step > 0:
             # A second fit() continues the trainer in memory: the same run, for retention.
             self._session.run = previous.run
@@ -361,8 +362,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             tree, copied_bytes, pending = snapshotter.snapshot(
                 connector.dump_checkpoint(weights_only=False), buffers, deferrable
             )
-            # With the zip's own per-record CRC-32 (a second pass in the writer thread, on top
-            # of the manifest's): without it zip tools reject the file (docs/benchmarks.md).
+            self._trust.check(tree, step)  # the first checkpoint: would a weights-only resume load it?
             portable = portable_tree_write(tree, WRITE_RECORDS)  # torch.save(tree, file) in either persist mode
             return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode, portable=portable)
 

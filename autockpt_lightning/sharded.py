@@ -41,6 +41,7 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from autockpt_core import CheckpointSession, Config, ConfigError, Snapshot, Storage
+from autockpt_core.config import path_of_location
 from autockpt_core.persist import LocalStorage
 from autockpt_core.persist.file_set import Checksums, FileSetWrite
 from autockpt_core.persist.tree import iter_leaves
@@ -67,9 +68,7 @@ def check_sharded_config(config: Config, storage: Storage | None) -> None:
     must be a local (or network-mounted) directory that every rank sees, and ``mirror`` is not
     supported for them yet.
     """
-    local = isinstance(storage, LocalStorage) if storage is not None else "://" not in str(config.dirpath) or str(
-        config.dirpath
-    ).startswith("file://")
+    local = isinstance(storage, LocalStorage) if storage is not None else path_of_location(str(config.dirpath)) is not None
     if not local:
         raise ConfigError(
             "dirpath",

@@ -97,7 +97,10 @@ def storage_view(memory: Any, offset: int, _dtype: Any, shape: tuple[int, ...]) 
 
 
 def write_records(file: IO[bytes], *, records: list[tuple[str, Any, int]], zip_crc32: bool = True) -> None:
-    """Write recorded torch.save records into ``file`` as torch's zip writer does (persist process)."""
+    """Write recorded torch.save records into ``file`` as torch's zip writer does (persist process).
+
+    ``zip_crc32`` (the default): with the zip's own per-record CRC-32, a second pass on top of
+    the manifest's checksum; without it zip tools reject the file (docs/benchmarks.md)."""
     keeper = WriteErrorKeeper(file)
     try:
         if zip_crc32:

@@ -379,11 +379,15 @@ def fetched(location: str, storage_options: Mapping[str, Any] | None = None) -> 
     """A local path holding the file at ``location`` for the ``with`` block: the path itself
     for a local file, else a temporary copy downloaded with fsspec and ``storage_options``
     (for loaders that open URLs without our options, such as Lightning's), removed after."""
+    from .fetched_copies import PREFIX, fetch_directory, remove_stale_copies  # it imports this module
+
     path = path_of_location(location)
     if path is not None:
         yield path
         return
-    handle, path = tempfile.mkstemp(prefix="autockpt-fetched-", suffix=os.path.splitext(location)[1])
+    directory = fetch_directory()
+    remove_stale_copies(directory)  # left by processes killed during a download or a load
+    handle, path = tempfile.mkstemp(prefix=PREFIX, suffix=os.path.splitext(location)[1], dir=directory)
     os.close(handle)
     try:
         download(location, path, storage_options)

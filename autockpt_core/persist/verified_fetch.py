@@ -11,8 +11,8 @@ verified. A copy that does not match its record is removed and the next candidat
 Records of local storage, multi-file records and other checksum algorithms are verified by
 :func:`~.manifest.verify`, as without this check. The copies are not fsynced: they live for one
 resume, and a process killed meanwhile leaves a temporary file or a copy named
-``autockpt-fetched-*`` in the directory (the system's temporary directory by default), as a
-killed download did.
+``autockpt-fetched-*`` in the directory (the system's temporary directory by default), which
+the next resume that fetches removes once it is a day old (:mod:`.fetched_copies`).
 
 Call order (training thread): ``session.resume_record(check=fetches.check)``, then
 ``fetches.take(record)`` once for the record it returned (the local path, now the caller's to
@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 
 from .checksum import checksum_mismatch, size_mismatch
+from .fetched_copies import PREFIX, fetch_directory, remove_stale_copies
 from .manifest import MISSING, CheckpointRecord, verify
 from .storage import LocalStorage, Storage, location_of
 
@@ -38,8 +38,6 @@ log = logging.getLogger("autockpt")
 BLOCK = 16 * 1024 * 1024
 """Bytes read from the object at a time."""
 
-PREFIX = "autockpt-fetched-"
-"""The start of every local copy's name."""
 
 
 class FetchWhileVerifying:
@@ -49,7 +47,8 @@ class FetchWhileVerifying:
 
     def __init__(self, storage: Storage, directory: str | os.PathLike[str] | None = None) -> None:
         self.storage = storage
-        self.directory = os.fspath(directory) if directory is not None else tempfile.gettempdir()
+        self.directory = os.fspath(directory) if directory is not None else fetch_directory()
+        remove_stale_copies(self.directory)  # left by resumes killed in their download or load
         self._kept: tuple[str, str] | None = None
 
     def fetches(self, record: CheckpointRecord) -> bool:

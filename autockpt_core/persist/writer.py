@@ -68,6 +68,9 @@ class PersistJob:
 PersistCallback = Callable[[CheckpointRecord, float], None]
 
 
+PROCESS_FAILURES_BEFORE_OFF = 3
+"""Failed writes in a row after which the persist process is turned off for the session."""
+
 class _Failed(Exception):
     """Carries a :class:`PersistFailure` out of ``_persist`` (writer thread only)."""
 
@@ -107,6 +110,7 @@ class CheckpointWriter:
         self._clock = clock
         self._wall_clock = wall_clock
         self._process = process if isinstance(storage, LocalStorage) else None
+        self._process_failures = 0  # the persist process's failed writes in a row
         self._protect = protect
         self._thread: threading.Thread | None = None
         self._failure: PersistFailure | None = None
@@ -216,9 +220,11 @@ class CheckpointWriter:
         """Step 1 in the persist process when it is ready and can run ``job``'s write, else here.
 
         A write the process fails (it died, it could not load the arguments, any error of
-        its own) is written here instead, with a warning, and so is every later one: the
-        process never costs a checkpoint the writer thread would have written. An error of
-        this thread's own write is the checkpoint's failure.
+        its own) is written here instead, with a warning: the process never costs a checkpoint
+        the writer thread would have written. After :data:`PROCESS_FAILURES_BEFORE_OFF`
+        failures in a row the process is turned off and this thread writes every later one
+        (a transient failure does not cost the session its process). An error of this thread's
+        own write is the checkpoint's failure.
         """
         process = self._process
         for_process = None
@@ -228,7 +234,7 @@ class CheckpointWriter:
             return self._storage.write_atomic(job.name, job.write)
         assert process is not None and isinstance(self._storage, LocalStorage)
         try:
-            return process.write_atomic(self._storage, job.name, for_process)
+            result = process.write_atomic(self._storage, job.name, for_process)
         except Exception as exc:  # noqa: BLE001 - any failure of the process: this thread writes
             if isinstance(exc, PersistProcessError):  # it died mid-write: its temporary file may be left
                 try:
@@ -236,12 +242,21 @@ class CheckpointWriter:
                 except OSError as removal:
                     log.warning("autockpt: could not remove the persist process's temporary file (%s)", removal)
             result = self._storage.write_atomic(job.name, job.write)
-            process.disable()
+            self._process_failures += 1
+            if self._process_failures >= PROCESS_FAILURES_BEFORE_OFF:
+                process.disable()
+                after = (f"after {self._process_failures} failures in a row it is turned off: this thread "
+                         "writes every later checkpoint of this session")  # fmt: skip
+            else:
+                after = (f"failure {self._process_failures} in a row; the process is turned off after "
+                         f"{PROCESS_FAILURES_BEFORE_OFF}")  # fmt: skip
             self._warn(
                 f"autockpt: the persist process failed writing {job.name} ({type(exc).__name__}: {exc}); "
-                "the writer thread wrote it instead and writes every later checkpoint of this session"
+                f"the writer thread wrote it instead ({after})"
             )
             return result
+        self._process_failures = 0
+        return result
 
     def _undo(self, stage: str, job: PersistJob, error: BaseException) -> PersistFailure:
         """Remove the new file where it is in place but not listed; say what is left."""

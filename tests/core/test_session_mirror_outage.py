@@ -19,16 +19,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from autockpt_core import CheckpointSession, Config, read_manifest
 from autockpt_core.persist import storage_for
 from tests.core.test_session_mirror import snapshot_of
 from tests.fault_proxy import FaultProxy
 
-OUTAGE_S = 20.0
-
-
-def test_a_20s_outage_with_the_defaults_warns_trains_on_and_the_mirror_catches_up(
-    tmp_path: Path, s3_server: Any, caplog: Any
+@pytest.mark.parametrize(
+    "outage_s", [20.0, pytest.param(120.0, marks=pytest.mark.slow, id="2min")], ids=lambda s: f"{s:g}s"
+)
+def test_an_outage_with_the_defaults_warns_trains_on_and_the_mirror_catches_up(
+    tmp_path: Path, s3_server: Any, caplog: Any, outage_s: float
 ) -> None:
     proxy = FaultProxy(s3_server.port).start()
     url = s3_server.url(f"outage-{uuid.uuid4().hex[:8]}")
@@ -51,13 +53,16 @@ def test_a_20s_outage_with_the_defaults_warns_trains_on_and_the_mirror_catches_u
         step = 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            while time.monotonic() - down_at < OUTAGE_S:  # training goes on, a checkpoint a second
+            while time.monotonic() - down_at < outage_s:  # training goes on, a checkpoint a second
                 step += 1
                 session.step_end(step)
                 session.save(step, 0, snapshot_of(float(step)))
                 time.sleep(1.0)
             proxy.refuse = False
+            back_at = time.monotonic()
             session.finish()  # the retry after the outage uploads the newest checkpoint
+            print(f"\noutage {outage_s:g}s: {session.mirror.failed_uploads} failed uploads, "  # type: ignore[union-attr]
+                  f"caught up {time.monotonic() - back_at:.1f}s after the endpoint came back")
     finally:
         proxy.stop()
     assert session.mirror is not None and session.mirror.failed_uploads >= 3

@@ -111,3 +111,4 @@ def test_sharded_checkpoints_refuse_object_storage_and_a_mirror_at_setup(config:
         check_sharded_config(config, None)
     check_sharded_config(Config(dirpath="ck"), None)
     check_sharded_config(Config(dirpath="file:///tmp/ck"), None)
+    check_sharded_config(Config(dirpath="local:///tmp/ck"), None)  # local everywhere, as for storage_for

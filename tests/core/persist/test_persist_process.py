@@ -22,7 +22,7 @@ from autockpt_core.persist.persist_mode import choose_persist_mode, process_can_
 from autockpt_core.persist.persist_process import PersistProcess, PortableWrite
 from autockpt_core.persist.shared_memory import INLINE_LIMIT, SharedArena, numpy_shared_pool, shared_memory_supported
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
-from autockpt_core.persist.writer import CheckpointWriter, PersistJob
+from autockpt_core.persist.writer import PROCESS_FAILURES_BEFORE_OFF, CheckpointWriter, PersistJob
 
 needs_shm = pytest.mark.skipif(not shared_memory_supported(), reason="needs os.memfd_create (Linux)")
 
@@ -126,10 +126,14 @@ def test_a_child_killed_mid_write_costs_no_checkpoint_the_writer_thread_writes_i
     assert [r.name for r in read_manifest(storage)] == ["ckpt-1.bin", "ckpt-2.bin"]
     assert (tmp_path / "ckpt-2.bin").read_bytes() == b"thread"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["autockpt-manifest.json", "ckpt-1.bin", "ckpt-2.bin"]
-    assert process.disabled and process.pid is None
+    assert not process.disabled  # one failure: the process stays on, a new child starts
     writer.submit(_job(arrays, "ckpt-3.bin", 3, f"{HELPERS}:write_bytes"))
     writer.wait()
-    assert (tmp_path / "ckpt-3.bin").read_bytes() == b"thread" and process.writes == 1
+    assert (tmp_path / "ckpt-3.bin").read_bytes() == b"thread" and process.writes == 1  # not ready yet
+    assert process.wait_ready(60)
+    writer.submit(_job(arrays, "ckpt-4.bin", 4, f"{HELPERS}:write_bytes"))
+    writer.wait()
+    assert (tmp_path / "ckpt-4.bin").read_bytes() == arrays["w"].tobytes() and process.writes == 2
 
 
 @needs_shm
@@ -141,15 +145,19 @@ def test_a_child_killed_mid_write_costs_no_checkpoint_the_writer_thread_writes_i
         ("no_such_module:write", {}, "ModuleNotFoundError"),
     ],
 )
-def test_any_failure_of_the_child_is_answered_by_the_writer_thread_writing_the_checkpoint(
+def test_any_failure_of_the_child_is_answered_by_the_writer_thread_and_repeated_ones_turn_it_off(
     shared, tmp_path: Path, function: str, kwargs: dict[str, object], error: str
 ) -> None:
     arrays, storage, writer, process = _writer_with_a_ready_process(shared, tmp_path)
-    writer.submit(_job(arrays, "ckpt-1.bin", 1, function, **kwargs))
-    with pytest.warns(RuntimeWarning, match=error):
-        writer.wait()
-    assert [r.name for r in read_manifest(storage)] == ["ckpt-1.bin"]
-    assert (tmp_path / "ckpt-1.bin").read_bytes() == b"thread" and process.disabled
+    for step in range(1, PROCESS_FAILURES_BEFORE_OFF + 1):
+        assert not process.disabled  # each failure before the last keeps the process on
+        process.wait_ready(60)
+        writer.submit(_job(arrays, f"ckpt-{step}.bin", step, function, **kwargs))
+        with pytest.warns(RuntimeWarning, match=error):
+            writer.wait()
+        assert (tmp_path / f"ckpt-{step}.bin").read_bytes() == b"thread"
+    assert [r.step for r in read_manifest(storage)][-1] == PROCESS_FAILURES_BEFORE_OFF
+    assert process.disabled
 
 
 @needs_shm
