@@ -96,7 +96,8 @@ def _keras_seed_state() -> list[int] | None:
     from keras.src.backend.common import global_state
     from keras.src.random import seed_generator
 
-    gen = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    # the attribute's name: a constant since Keras 3.6, the same string before it
+    gen = global_state.get_global_attribute(getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator"))
     if gen is None:
         return None
     return [int(v) for v in _to_numpy(gen.state.value).reshape(-1)]
