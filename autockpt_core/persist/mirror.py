@@ -64,6 +64,7 @@ from collections.abc import Collection
 from typing import Callable
 
 from ..errors import MirrorWriteError
+from ..units import format_duration
 from .manifest import CheckpointRecord, read_manifest
 from .retention import retain
 from .storage import Storage
@@ -304,16 +305,17 @@ class Mirror:
             delay = min(RETRY_MAX_S, self.retry_first_s * 2 ** (self._failures_in_row - 1))
             newest = self.last_record
             has = (
-                f"the mirror's newest is step {newest.step}, uploaded {_age(outage)} ago"
+                f"the mirror's newest is step {newest.step}, uploaded {format_duration(outage)} ago"
                 if newest is not None
-                else f"no upload of this session has reached the mirror yet ({_age(outage)} since it started)"
+                else f"no upload of this session has reached the mirror yet ({format_duration(outage)} since it "
+                "started)"
             )
             stops = f"{self._max_failures} failures in a row or " if self._max_failures is not None else ""
             text = (
                 f"autockpt: upload {self._failures_in_row} of {record.name} (step {record.step}) to "
                 f"{self.target.location} failed ({type(exc).__name__}: {exc}); trying again in {delay:g}s. "
                 f"The checkpoint is committed in {self.source.location}; {has}. Training goes on and stops "
-                f"after {stops}{_age(self._max_outage)} without a successful upload (mirror_max_outage)"
+                f"after {stops}{format_duration(self._max_outage)} without a successful upload (mirror_max_outage)"
             )
             log.warning(text)
             self._warnings.append(text)
@@ -383,11 +385,3 @@ class Mirror:
             "storage_options, the network); a rerun resumes from the newest checkpoint of either tier."
         )
 
-
-def _age(seconds: float) -> str:
-    """``seconds`` as a person reads it: 45s, 12min, 1.5h."""
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}min"
-    return f"{seconds / 3600:.1f}h"

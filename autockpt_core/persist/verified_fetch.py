@@ -48,7 +48,7 @@ class FetchWhileVerifying:
     def __init__(self, storage: Storage, directory: str | os.PathLike[str] | None = None) -> None:
         self.storage = storage
         self.directory = os.fspath(directory) if directory is not None else fetch_directory()
-        remove_stale_copies(self.directory)  # left by resumes killed in their download or load
+        self._cleaned = False  # stale copies are removed before the first download, once
         self._kept: tuple[str, str] | None = None
 
     def fetches(self, record: CheckpointRecord) -> bool:
@@ -61,6 +61,9 @@ class FetchWhileVerifying:
         self.discard()  # at most one candidate's copy on disk
         if not self.fetches(record):
             return verify(self.storage, record)
+        if not self._cleaned:
+            self._cleaned = True
+            remove_stale_copies(self.directory)  # left by resumes killed in their download or load
         start = time.perf_counter()
         try:
             source = self.storage.open_read(record.name)  # an object store's open asks for its size

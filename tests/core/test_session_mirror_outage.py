@@ -67,5 +67,5 @@ def test_an_outage_with_the_defaults_warns_trains_on_and_the_mirror_catches_up(
         proxy.stop()
     assert session.mirror is not None and session.mirror.failed_uploads >= 3
     assert "the mirror's newest is step 1, uploaded" in caplog.text
-    assert "stops after 30min without a successful upload (mirror_max_outage)" in caplog.text
+    assert "stops after 30.0min without a successful upload (mirror_max_outage)" in caplog.text
     assert read_manifest(storage_for(url, s3_server.storage_options))[-1].step == step

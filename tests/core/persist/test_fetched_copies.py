@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
-from autockpt_core.persist.fetched_copies import PREFIX, remove_stale_copies
-from autockpt_core.persist.storage import TEMP_PREFIX
-from autockpt_core.persist.verified_fetch import FetchWhileVerifying
 from autockpt_core.persist import LocalStorage
+from autockpt_core.persist.fetched_copies import PREFIX, remove_stale_copies
+from autockpt_core.persist.storage import TEMP_PREFIX, FsspecStorage
+from autockpt_core.persist.verified_fetch import FetchWhileVerifying
+from tests.core.persist.committing import commit
 
 
 def aged(path: Path, hours: float) -> Path:
@@ -29,7 +31,16 @@ def test_copies_older_than_a_day_go_and_newer_ones_and_other_files_stay(tmp_path
     assert in_use.exists() and unrelated.exists()
 
 
-def test_a_resume_that_fetches_cleans_up_first(tmp_path: Path) -> None:
+def test_a_resume_that_fetches_cleans_up_first_and_one_that_only_verifies_reads_no_directory(tmp_path: Path) -> None:
     old_copy = aged(tmp_path / f"{PREFIX}left-by-a-kill.ckpt", 25)
-    FetchWhileVerifying(LocalStorage(tmp_path / "ckpts"), directory=tmp_path)
+    local = LocalStorage(tmp_path / "ckpts")
+    verifies = FetchWhileVerifying(local, directory=tmp_path)
+    assert verifies.check(commit(local, 1)) is None
+    assert old_copy.exists()  # a local checkpoint is verified in place: nothing fetched, nothing cleaned
+    remote = FsspecStorage(f"memory://fetched/{uuid.uuid4().hex[:8]}")
+    fetches = FetchWhileVerifying(remote, directory=tmp_path)
+    try:
+        assert fetches.check(commit(remote, 2)) is None  # type: ignore[arg-type]
+    finally:
+        fetches.discard()
     assert not old_copy.exists()
