@@ -19,14 +19,22 @@ Call order (training thread, every rank, together):
 - ``close()`` at the end of the fit (waits, then frees the staging buffers and destroys the
   group it created).
 
-Where torch has no ``DefaultStager`` (older releases) the save stages synchronously through
-DCP's own default, with no reuse of buffers.
+Where torch has no ``DefaultStager`` (older releases), or its ``DefaultStager`` cannot stage
+twice (torch 2.11 closes it at the end of every stage, so the next save fails with
+``KeyError: <class 'type'>``; :func:`stager_survives_reuse` finds out once per process), the
+save stages synchronously through DCP's own default, with no reuse of buffers, and one warning
+says why. A save whose staging fails anyway is staged again that way at ``wait_staged()``
+(staging reads the live tensors, which do not change before it returns; every rank fails the
+same way when the cause is its torch, and a failed staging enters no collective), with the
+same warning, and the stager is not used again.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -40,11 +48,44 @@ from autockpt_core import CheckpointWriteError
 from autockpt_core.persist.checksum import checksum_stream
 
 
+@functools.lru_cache(maxsize=None)
+def stager_survives_reuse() -> bool:
+    """Whether this torch's ``DefaultStager`` stages a state twice (a probe of a few
+    microseconds on a one-element tensor, run once per process). False on torch 2.11, whose
+    ``DefaultStager._stage`` closes its ``StateDictStager`` after each stage: that clears its
+    copier table and its cached storages, and the next stage raises ``KeyError``."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    probe = DefaultStager(StagingOptions(False, False, False, False))
+    try:
+        for _ in range(2):
+            probe.stage({"tensor": torch.zeros(1), "nested": {"list": [1]}})
+    except Exception:  # noqa: BLE001 - any failure means: do not reuse it
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _warn_synchronous_staging(why: str) -> None:
+    warnings.warn(
+        f"autockpt: sharded checkpoints stage synchronously through DCP's default stager (the "
+        f"training waits for each copy; no staging buffers are reused): {why}. torch 2.13 and "
+        f"later reuse DCP's DefaultStager.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def _reusing_stager() -> Any | None:
-    """DCP's ``DefaultStager``, caching its staging storages between saves (None where absent)."""
+    """DCP's ``DefaultStager``, caching its staging storages between saves (None where absent or
+    where it cannot stage twice: then one warning)."""
     try:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     except ImportError:  # pragma: no cover - older torch
+        return None
+    if not stager_survives_reuse():
+        _warn_synchronous_staging(f"torch {torch.__version__}'s DefaultStager cannot stage a second time")
         return None
     cuda = torch.cuda.is_available()
     # pinned memory and non-blocking copies need CUDA; shared memory is for a saver process
@@ -119,6 +160,31 @@ def read_listings(directory: Path) -> dict[str, list[Any]]:
     return files
 
 
+class _KeptStaging:
+    """The stager handed to ``dcp.async_save``: delegates to ``stager`` and keeps the future of
+    its newest stage. DCP's ``staging_completion`` reports a stage that failed before
+    ``async_save`` returned as a success (torch 2.11-2.13), so the writer reads this one."""
+
+    def __init__(self, stager: Any) -> None:
+        self.stager = stager
+        self.staging: Future[Any] | None = None
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return bool(getattr(self.stager, "should_synchronize_after_execute", False))
+
+    def stage(self, state_dict: Any) -> Any:
+        staged = self.stager.stage(state_dict)
+        self.staging = staged if isinstance(staged, Future) else None
+        return staged
+
+    def synchronize_staging(self) -> None:
+        self.stager.synchronize_staging()
+
+    def close(self) -> None:
+        self.stager.close()
+
+
 class ShardedWriter:
     """See the module docstring. ``group``: the process group the saves coordinate over
     (default: a new gloo group of every rank; creating it is a collective)."""
@@ -126,9 +192,11 @@ class ShardedWriter:
     def __init__(self, group: Any | None = None) -> None:
         self._owns_group = group is None
         self._group = group if group is not None else dist.new_group(backend="gloo")
-        self._stager = _reusing_stager()
+        stager = _reusing_stager()
+        self._stager = _KeptStaging(stager) if stager is not None else None
         self._staged: Future[Any] | None = None
         self._written: Future[Any] | None = None
+        self._saving: tuple[dict[str, Any], Path] | None = None  # until staged: a failed staging redoes it
 
     @property
     def reuses_buffers(self) -> bool:
@@ -142,6 +210,10 @@ class ShardedWriter:
         once every rank's files and ``.metadata`` are written).
         """
         self.wait_written()
+        self._saving = (state, directory) if self._stager is not None else None
+        return self._start(state, directory)
+
+    def _start(self, state: dict[str, Any], directory: Path) -> Future[Any]:
         rank = dist.get_rank() if dist.is_initialized() else 0
         writer = _ListingFileSystemWriter(directory, rank, single_file_per_rank=True, sync_files=True)
         kwargs: dict[str, Any] = {"storage_writer": writer, "process_group": self._group}
@@ -149,16 +221,31 @@ class ShardedWriter:
             kwargs["async_stager"] = self._stager
         response = dcp.async_save(state, **kwargs)
         staged = getattr(response, "staging_completion", None)
+        if self._stager is not None and self._stager.staging is not None:
+            staged = self._stager.staging
         self._staged = staged
         written = _plain_errors(getattr(response, "upload_completion", response), directory)
         self._written = written
         return written
 
     def wait_staged(self) -> None:
-        """Block until the staging copy of the newest save is done (before tensors change)."""
+        """Block until the staging copy of the newest save is done (before tensors change).
+
+        A staging that failed is done again through DCP's own staging (see the module
+        docstring); its write is then the one ``wait_written`` waits for."""
         staged, self._staged = self._staged, None
-        if staged is not None:
+        saving, self._saving = self._saving, None
+        if staged is None:
+            return
+        try:
             staged.result()
+        except Exception as exc:  # noqa: BLE001 - the stager's own failure: staged again without it
+            if saving is None or self._stager is None:
+                raise
+            self._stager.close()
+            self._stager = None
+            _warn_synchronous_staging(f"DCP's DefaultStager failed to stage this checkpoint ({type(exc).__name__}: {exc})")
+            self._start(*saving)
 
     def wait_written(self, timeout: float | None = None) -> None:
         """Block until this rank's newest save is written; raise its error (once): a

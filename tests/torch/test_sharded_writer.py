@@ -4,6 +4,7 @@ runs in tests/fault/test_lightning_faults.py."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -91,7 +92,7 @@ def test_staging_buffers_are_reused_from_one_checkpoint_to_the_next(group: Any, 
         writer.wait_written()
         # torch's StateDictStager keeps one staging storage per source storage (private API,
         # read only here): the same storages at every save mean nothing was allocated again.
-        cached = writer._stager._state_dict_stager._cached_storage_mapping  # type: ignore[union-attr]
+        cached = writer._stager.stager._state_dict_stager._cached_storage_mapping  # type: ignore[union-attr]
         buffers.append(sorted(s.data_ptr() for s in cached.values()))
         optimizer.step()
     writer.close()
@@ -110,3 +111,71 @@ def test_a_failed_write_is_raised_by_the_next_wait_and_only_once(group: Any, tmp
     writer.save(state_of(model, optimizer), tmp_path / "next")
     writer.close()
     assert (tmp_path / "next" / ".metadata").is_file()
+
+
+def _closing_after_each_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's ``DefaultStager._stage``, which closes its ``StateDictStager`` at the end of
+    every stage (clearing its copier table and cached storages), on the installed torch."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    from autockpt_torch import sharded
+
+    original = DefaultStager._stage
+
+    def stage_then_close(self: Any, state_dict: Any, **kwargs: Any) -> Any:
+        staged = original(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        return staged
+
+    monkeypatch.setattr(DefaultStager, "_stage", stage_then_close)
+    sharded.stager_survives_reuse.cache_clear()
+    monkeypatch.setattr(sharded, "stager_survives_reuse", functools.lru_cache(sharded.stager_survives_reuse.__wrapped__))
+
+
+def test_a_stager_that_cannot_stage_twice_is_not_reused(group: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reused, that stager fails the second checkpoint with KeyError: <class 'type'> (torch 2.11).
+    _closing_after_each_stage(monkeypatch)
+    model, optimizer = sharded_model()
+    with pytest.warns(RuntimeWarning, match=r"stage synchronously .* cannot stage a second time") as caught:
+        writer = ShardedWriter(group)
+    assert len(caught) == 1 and not writer.reuses_buffers
+    expected = []
+    for i in range(3):
+        expected.append({k: v.full_tensor().clone() for k, v in get_model_state_dict(model).items()})
+        writer.save(state_of(model, optimizer), tmp_path / f"c{i}")
+        writer.wait_written()
+        model(torch.randn(3, 16)).sum().backward()
+        optimizer.step()
+    writer.close()
+    for i in range(3):
+        saved = loaded_weights(model, tmp_path / f"c{i}")
+        assert all(torch.equal(saved[k], expected[i][k]) for k in expected[i]), i
+    assert not all(torch.equal(expected[0][k], expected[2][k]) for k in expected[0])
+
+
+def test_a_staging_that_fails_is_staged_again_without_the_stager(group: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    model, optimizer = sharded_model()
+    writer = ShardedWriter(group)
+    if not writer.reuses_buffers:  # pragma: no cover - torch 2.11, older torch
+        pytest.skip("this torch's DefaultStager is not used")
+
+    def fail(self: Any, state_dict: Any, **kwargs: Any) -> Any:
+        raise KeyError(type)
+
+    monkeypatch.setattr(DefaultStager, "_stage", fail)
+    before = {k: v.full_tensor().clone() for k, v in get_model_state_dict(model).items()}
+    writer.save(state_of(model, optimizer), tmp_path / "a")
+    with pytest.warns(RuntimeWarning, match=r"DefaultStager failed to stage this checkpoint \(KeyError: <class 'type'>\)"):
+        writer.wait_staged()
+    assert not writer.reuses_buffers
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the next optimizer step: after the staging done again
+    writer.wait_written()
+    writer.save(state_of(model, optimizer), tmp_path / "b")  # no stager any more: no second warning
+    writer.close()
+    saved = loaded_weights(model, tmp_path / "a")
+    assert all(torch.equal(saved[k], before[k]) for k in before)
+    assert (tmp_path / "b" / ".metadata").is_file()
