@@ -86,7 +86,8 @@ class FitDriver:
     the session must not be waited for. ``nothing_left``: the message when a resumed run had
     nothing left to train. ``device_busy()`` (training thread, at each hand-over of the noted
     steps): whether the accelerator still has queued work, i.e. the host runs ahead of it and
-    the hooks' time is hidden (None: the host's time is the cost, as on a CPU). ``preparing()`` (training
+    the hooks' time is hidden (None: the host's time is the cost, as on a CPU); its ``mark()``, if
+    it has one, is called when a checkpoint begins (:class:`autockpt_torch.cuda_api.QueueProbe`). ``preparing()`` (training
     thread, process 0, when a checkpoint is due): whether the adapter's own one-time
     preparation of the snapshot still runs (:class:`~autockpt_core.due.PreparationGate`).
     """
@@ -397,6 +398,7 @@ class FitDriver:
         start = self._clock()
         error: BaseException | None = None
         event = None
+        getattr(self._device_busy, "mark", lambda: None)()  # a device probe's: where its queue ends now
         try:
             event = self._take(due)
         except Exception as exc:  # a failed copy, the previous persist's error

@@ -244,8 +244,9 @@ class CheckpointSession(StoreParts):
         """Phase 1 on this thread (snapshot, timed as stall), phase 2 handed to the writer.
 
         Waits for an in-flight persist first (the buffers are about to be overwritten); that
-        wait counts as stall. Returns the stall in seconds; the snapshot's one-time ``setup_s``
-        is in it and in the overhead, not in the profiler's per-checkpoint stall.
+        wait counts as stall. Returns the stall in seconds (the host's); the snapshot's one-time
+        ``setup_s`` is in it and in the overhead, not in the profiler's per-checkpoint stall; its
+        ``hidden_s`` (a device's queued steps drained) is in neither.
         """
         self.open()
         self.before_update()  # a copy still overlapping must end before its buffers are reused
@@ -273,7 +274,8 @@ class CheckpointSession(StoreParts):
         )
         store.writer.submit(job)
         stall = self.clock() - start
-        recurring = max(0.0, stall - snap.setup_s)  # what every checkpoint pays
+        paid = max(0.0, stall - snap.hidden_s)  # the drain of a device's queue cost the training nothing
+        recurring = max(0.0, paid - snap.setup_s)  # what every checkpoint pays
         if snap.pending is None:
             self.profiler.record_stall(recurring, snap.nbytes)
         else:  # recorded by before_update(), with the wait for the copy added
@@ -285,7 +287,7 @@ class CheckpointSession(StoreParts):
         self.policy.record_checkpoint(step, self.clock())
         self._stall_since_last_step += stall
         self._loaded_since_last_step = True
-        self.ledger.stalled(stall)
+        self.ledger.stalled(paid)
         self.ledger.taken(step, job.name, snap.mode)
         return stall
 

@@ -39,6 +39,9 @@ class Snapshot:
     ``write`` is then not called. ``setup_s``: the part of phase 1 spent waiting for a one-time
     preparation that later checkpoints do not pay (the read of the state being traced): the run
     paid it, so it counts in the overhead, but not in the per-checkpoint stall the policy uses.
+    ``hidden_s``: the part of phase 1 the host spent waiting for an accelerator to finish steps
+    queued before the copy, read on the device's clock (the device ran them with or without a
+    checkpoint): neither the stall nor the overhead counts it.
     """
 
     write: Callable[[IO[bytes]], object]
@@ -49,6 +52,7 @@ class Snapshot:
     portable: PortableWrite | None = None
     file_set: FileSetWrite | None = None
     setup_s: float = 0.0
+    hidden_s: float = 0.0
 
 
 SnapshotFn = Callable[[BufferPool[Any]], Snapshot]

@@ -57,7 +57,7 @@ def copier_for(backend: str, model: Any = None) -> Copier:
     if backend == "tensorflow":
         return TensorFlowCopier()
     if backend == "torch":
-        return torch_copy
+        return TorchCopier()
     if backend == "jax":
         return JaxCopier(model)
     return generic_copy
@@ -247,10 +247,28 @@ def torch_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str
     CPU tensors: ``np.copyto`` from the tensor's numpy alias (one memcpy in this thread).
     CUDA tensors: see :func:`_cuda_to_host` (complete when this returns).
     """
+    return _copy_torch(entries, pool)[0]
+
+
+class TorchCopier:
+    """The torch backend's copier (:func:`torch_copy`), keeping ``hidden_s``: of its latest
+    call's wait for CUDA copies, the part that was the device finishing queued steps (read on
+    the device's clock; the snapshot hands it to the session as ``Snapshot.hidden_s``)."""
+
+    def __init__(self) -> None:
+        self.hidden_s = 0.0
+
+    def __call__(self, entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
+        out, self.hidden_s = _copy_torch(entries, pool)
+        return out
+
+
+def _copy_torch(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> tuple[dict[str, np.ndarray], float]:
     import torch
 
     out: dict[str, np.ndarray] = {}
     device_items: list[tuple[Any, Any]] = []
+    hidden = 0.0
     with torch.no_grad():
         for entry in entries:
             tensor = entry.variable.value.detach()
@@ -266,33 +284,40 @@ def torch_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str
                 device_items.append((torch.from_numpy(buf), tensor))
             out[entry.key] = buf
         if device_items:
-            _cuda_to_host(device_items)
-    return out
+            hidden = _cuda_to_host(device_items)
+    return out, hidden
 
 
-def _cuda_to_host(items: Sequence[tuple[Any, Any]]) -> None:
-    """Device-to-host copies, all enqueued before one wait (untested here: no GPU).
+def _cuda_to_host(items: Sequence[tuple[Any, Any]]) -> float:
+    """Device-to-host copies, all enqueued before one wait; returns the part of the host's wait
+    since the checkpoint's mark (or since the copies were enqueued) that was the device's queued
+    steps (:func:`autockpt_torch.cuda_api.wait_for_copy`; 0 off CUDA).
 
     On a copy stream that first waits for the current stream (so it sees the finished train
-    step), ``non_blocking`` into the (pinned) host buffers, then one event synchronize.
-    Non-CUDA devices: a plain blocking ``copy_`` each.
+    step), ``non_blocking`` into the (pinned) host buffers between two timing events, then one
+    event synchronize. Non-CUDA devices: a plain blocking ``copy_`` each.
     """
     import torch
+
+    from autockpt_torch.cuda_api import take_mark, wait_for_copy
 
     device = items[0][1].device
     if device.type != "cuda":
         for dst, src in items:
             dst.copy_(src)
-        return
+        return 0.0
+    entry = take_mark(device)  # where the queue ended when the checkpoint began, if marked
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
+        started = torch.cuda.Event(enable_timing=True)
+        started.record(stream)
         for dst, src in items:
             src.record_stream(stream)
             dst.copy_(src, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(enable_timing=True)
         done.record(stream)
-    done.synchronize()
+    return wait_for_copy(started, done) if entry is None else wait_for_copy(entry[0], done, entry[1])
 
 
 class JaxCopier:

@@ -69,6 +69,7 @@ class StateSnapshot:
         snap = make_snapshot(arrays, meta)  # this module's name: tests/fault/keras_script.py wraps it
         snap.mode = "sync"
         snap.setup_s = setup
+        snap.hidden_s = float(getattr(self.copier, "hidden_s", 0.0))  # torch on CUDA: the queue's drain
         self.nbytes = snap.nbytes
         return snap
 

@@ -353,10 +353,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
 
         def snapshot(buffers: BufferPool[Any]) -> Snapshot:
             nonlocal copied_bytes
-            # dump_checkpoint returns live references: what the next step may change is copied
-            # before returning from the hook; with snapshot_mode "overlap"/"device", parameters
-            # and optimizer state are copied during the next step, which waits for that copy in
-            # on_before_optimizer_step.
+            # dump_checkpoint returns live references: copied before the hook returns; in "overlap"
+            # and "device" modes parameters and optimizer state are copied during the next step,
+            # whose on_before_optimizer_step waits for that copy.
             deferrable = optimizer_owned(trainer.lightning_module.parameters(), trainer.optimizers)
             snapshotter = self._snapshotter
             tree, copied_bytes, pending = snapshotter.snapshot(
@@ -364,7 +363,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             )
             self._trust.check(tree, step)  # the first checkpoint: would a weights-only resume load it?
             portable = portable_tree_write(tree, WRITE_RECORDS)  # torch.save(tree, file) in either persist mode
-            return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode, portable=portable)
+            return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode,
+                            portable=portable, hidden_s=snapshotter.hidden_s)  # CUDA: the queue's drain
 
         stall = session.save(step, epoch, snapshot, meta=meta, reason=reason)
         return CheckpointEvent.after_save(session, step, epoch, reason, stall, copied_bytes)

@@ -49,7 +49,7 @@ from autockpt_core.persist.tree import map_tree
 from autockpt_core.policy.checkpoint_cost import CheckpointCost
 from autockpt_core.policy.mode_trial import ModeTrial
 
-from .cuda_api import CudaApi, record_on_stream
+from .cuda_api import CudaApi, record_on_stream, wait_for_copy
 from .host_buffers import host_copy, tensor_nbytes
 from .modes import MODES, ModeChoice, auto_candidates, choose_mode, cpu_default_mode
 from .pending import PendingCopy
@@ -98,6 +98,7 @@ class TorchSnapshotter:
         self._is_device = is_device if is_device is not None else (lambda t: bool(t.is_cuda))
         self._streams: dict[Any, Any] = {}
         self._device_pool: BufferPool[torch.Tensor] | None = None
+        self.hidden_s = 0.0
 
     @property
     def mode(self) -> str | None:
@@ -140,6 +141,7 @@ class TorchSnapshotter:
             log.info("autockpt: snapshot copy mode %s (%s)", self.choice.mode, self.choice.reason)
         mode = self.trial.next_mode() if self.trial is not None else self.choice.mode
         self._last_mode = mode
+        self.hidden_s = 0.0
         defer = deferrable if (deferrable is not None and mode != "sync") else None
         now_items: list[tuple[torch.Tensor, torch.Tensor]] = []  # copied before returning
         later_items: list[tuple[Hashable, torch.Tensor, torch.Tensor]] = []  # overlapping the next step
@@ -233,19 +235,24 @@ class TorchSnapshotter:
         """Enqueue the device copies on the copy stream; returns (update_event, done_event).
 
         Order on the copy stream: wait for the current stream (the optimizer step that just
-        ran), the copies that must finish before returning, event ``now`` (waited for here on
-        the host), then the deferred copies (device mode: device-to-device, event ``update``,
-        then device-to-host) and event ``done``.
+        ran), timing event ``started``, the copies that must finish before returning, timing
+        event ``now`` (waited for here on the host, :attr:`hidden_s` measured from the
+        checkpoint's mark where the driver made one, else from ``started``), then the
+        deferred copies (device mode: device-to-device, event ``update``, then device-to-host)
+        and event ``done``.
         """
         cuda = self._cuda
+        entry = cuda.take_mark(device)  # where the queue ended when the checkpoint began, if marked
         stream = self._stream(device)
         stream.wait_stream(cuda.current_stream(device))
         update_event = done_event = None
         with cuda.use_stream(stream):
+            started = cuda.new_timing_event()
+            started.record(stream)
             for dst, src in now:
                 record_on_stream(src, stream)
                 dst.copy_(src, non_blocking=True)
-            now_event = cuda.new_event()
+            now_event = cuda.new_timing_event()
             now_event.record(stream)
             if later:
                 if mode == "device":
@@ -269,7 +276,7 @@ class TorchSnapshotter:
                 done_event.record(stream)
                 if update_event is None:
                     update_event = done_event
-        now_event.synchronize()
+        self.hidden_s = wait_for_copy(started, now_event) if entry is None else wait_for_copy(entry[0], now_event, entry[1])
         return update_event, done_event
 
     def _device_buffers(self, device: torch.device) -> BufferPool[torch.Tensor]:

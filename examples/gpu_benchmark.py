@@ -348,6 +348,7 @@ def fit(
             pinned=pinned,
             device_buffer_bytes=max(device_bytes, default=0),
             persist_s=est.persist_s,
+            policy_stall_ms=None if est.stall_s is None else est.stall_s * 1e3,  # the device's clock on CUDA
             file_bytes=records[-1].size if records else None,
             persist_mode=session.persist_mode.mode,
             persist_mode_reason=session.persist_mode.reason,
@@ -620,6 +621,7 @@ def default_fit_section(
     section.update(steps=steps, probe_step_ms=step_s * 1e3, rounds=args.default_fit_rounds)
     configs: list[tuple[str, dict[str, Any] | None, float | None]] = [("none", None, None)]
     configs += [(f"autockpt, budget {b:.0%}", dict(resume=False, overhead_budget=b), b) for b in args.default_fit_budgets]
+    configs += [(f"every {k} steps", dict(resume=False, every_n_steps=k), None) for k in args.default_fit_every]
     for rnd in range(args.default_fit_rounds):
         shift = rnd % len(configs)
         for name, auto_kwargs, _ in configs[shift:] + configs[:shift]:
@@ -643,7 +645,8 @@ def default_fit_section(
                 summ = entry.get("summary") or {}
                 print(f"[default {key}] round {rnd + 1} {name}: fit {run.wall_s:.2f}s, {entry['step_ms'] or 0:.3f} "
                       f"ms/step over steps {warm}-{end}{' (stopped by the time guard)' if end != steps else ''}"
-                      + (f", {summ.get('checkpoints')} checkpoints, reported overhead {pct(summ.get('overhead'))}"
+                      + (f", {summ.get('checkpoints')} checkpoints, reported overhead {pct(summ.get('overhead'))}, "
+                         f"interval {summ.get('interval_steps')}, policy stall {num(entry.get('policy_stall_ms'))} ms"
                          if summ else ""), flush=True)
             except Exception as exc:
                 res.error(f"default_fit/{key}/{name}/round {rnd + 1}", exc)
@@ -737,6 +740,9 @@ def budget_rows(runs: dict[str, list[dict[str, Any]]], configs: list[tuple[str, 
             "checkpoints": median([(r.get("summary") or {}).get("checkpoints") or 0 for r in runs.get(name, [])]),
             "interval_steps": [(r.get("summary") or {}).get("interval_steps") for r in runs.get(name, [])],
             "copy_mode": sorted({str((r.get("summary") or {}).get("copy_mode")) for r in runs.get(name, [])}),
+            "blocked_ms": median([e["stall_ms"] for r in runs.get(name, []) for e in r.get("events") or []
+                                  if e.get("reason") != "end of training"]),
+            "policy_stall_ms": [r.get("policy_stall_ms") for r in runs.get(name, [])],
         }
         if budget is not None and row["slowdown"] is not None and spread is not None:
             row["verdict"] = ("below noise" if spread >= budget
@@ -877,6 +883,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--default-fit-seconds", type=float, default=10.0, help="length of each run of that fit")
     p.add_argument("--default-fit-rounds", type=int, default=3, help="rounds of that fit (each: none, then every budget)")
     p.add_argument("--default-fit-budgets", default="0.02,0.05", help="overhead_budget of each AutoCheckpoint run")
+    p.add_argument("--default-fit-every", default="",
+                   help="also fixed intervals (every_n_steps, comma-separated) in the same rounds: the cost of each")
     p.add_argument("--default-fit-frameworks", default="lightning",
                    help="lightning and/or keras (Keras 3 on its torch backend), comma-separated")
     p.add_argument("--ab-cycles", type=int, default=8,
@@ -892,6 +900,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.default_fit_budgets = [float(b) for b in args.default_fit_budgets.split(",") if b.strip()]
+    args.default_fit_every = [int(k) for k in args.default_fit_every.split(",") if k.strip()]
     args.default_fit_frameworks = [f.strip() for f in args.default_fit_frameworks.split(",") if f.strip()]
     args.ab_every = [int(k) for k in args.ab_every.split(",") if k.strip()]
     return args

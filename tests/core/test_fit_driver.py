@@ -631,6 +631,28 @@ def test_a_hook_that_ends_while_the_device_still_runs_queued_steps_costs_nothing
     assert session.hook_times == [0.0, 2.0, 0.0]  # step 2 counts its own time and step 1's handing over
 
 
+def test_a_device_probe_marks_its_queue_when_each_checkpoint_begins(tmp_path: Path) -> None:
+    config = Config(dirpath=str(tmp_path))
+    session = FakeSession(config, {2: "interval", 4: "interval"})
+    log: list[str] = []
+
+    class Probe:
+        def __call__(self) -> bool:
+            return False
+
+        def mark(self) -> None:
+            log.append("mark")
+
+    def take(due: Due) -> None:
+        log.append(f"take {due.step}")
+
+    driver = FitDriver(config, ProcessGroup(), session, take, device_busy=Probe())  # type: ignore[arg-type]
+    driver.begin(0)
+    for step in range(1, 5):
+        driver.step_end(step, loss=1.0)
+    assert log == ["mark", "take 2", "mark", "take 4"]
+
+
 def test_the_wait_for_a_slower_process_is_not_counted_as_hook_time(tmp_path: Path) -> None:
     fits = drivers(tmp_path, 2)
 

@@ -270,6 +270,39 @@ def test_a_one_time_setup_in_a_snapshot_counts_in_the_overhead_not_in_the_stall(
     assert session.measured_overhead().value > 2.0 / (29 * 0.1)  # the run paid it
 
 
+def test_the_drain_of_a_device_s_queue_counts_neither_in_the_stall_nor_in_the_overhead(tmp_path) -> None:
+    # A 2% budget on 3.2 ms steps: the host blocks 60 ms per checkpoint, 40 of them waiting for
+    # the device to finish queued steps (hidden_s, read on the device's clock): the profiler and the
+    # overhead see the 20 ms copy, and the interval follows it (20 ms / (2% * 3.2 ms) = 313 steps).
+    # (The adaptive tuner's windows see it too where the steps refilling the queue overlap the
+    # persist, as a GPU's do; this synchronous persist would make them look clean.)
+    clock = FakeClock()
+    session = CheckpointSession(Config(dirpath=str(tmp_path), overhead_budget=0.02, warmup_steps=2, adaptive=False,
+                                       async_persist=False), framework="np", suffix=".st", clock=clock)  # fmt: skip
+    state = {"w": np.zeros(4, dtype=np.float32)}
+    session.start(0)
+    ahead = 0.0  # the queue the host refills after a drain: its next steps are 1 ms shorter
+    for step in range(1, 2000):
+        refill = min(ahead, 0.001)
+        ahead -= refill
+        clock.t += 0.0032 - refill
+        if session.step_end(step).save:
+            ahead = 0.040
+            copy = make_snapshot(state, clock, 0.060)
+
+            def drained(pool, copy=copy):
+                snap = copy(pool)
+                snap.hidden_s = 0.040
+                return snap
+
+            assert session.save(step, 0, drained) == pytest.approx(0.060)  # the host's blocked time
+            session.writer.wait()
+    assert session.estimates().stall_s == pytest.approx(0.020)
+    assert session.ledger.total_stall == pytest.approx(0.020 * session.ledger.checkpoints)
+    decision = session.step_end(2000)
+    assert decision.interval is not None and 250 <= decision.interval.steps <= 420, decision.interval
+
+
 def test_the_session_is_preparing_while_its_buffers_prefault_runs(tmp_path) -> None:
     import threading
 

@@ -5,6 +5,7 @@ the fake."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any
 
@@ -128,14 +129,17 @@ def test_optimizer_owned_matches_parameters_and_optimizer_state_only() -> None:
 
 
 class FakeEvent:
-    def __init__(self, log: list[str], name: str) -> None:
-        self.log, self.name = log, name
+    def __init__(self, log: list[str], name: str, at_ms: float = 0.0) -> None:
+        self.log, self.name, self.at_ms = log, name, at_ms
 
     def record(self, stream: FakeStream) -> None:
         self.log.append(f"record {self.name} on {stream.name}")
 
     def synchronize(self) -> None:
         self.log.append(f"host waits {self.name}")
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.at_ms - self.at_ms
 
 
 class FakeStream:
@@ -155,6 +159,9 @@ class FakeCuda(CudaApi):
         self.free = free
         self.current = FakeStream(self.log, "current")
         self.events = 0
+        self.timing_events = 0
+        self.device_ms: list[float] = []  # the device times of the timing events, in order (default 0)
+        self.mark: tuple[FakeEvent, float] | None = None  # a QueueProbe's mark of the checkpoint's start
 
     def current_stream(self, device: torch.device) -> FakeStream:
         return self.current
@@ -166,11 +173,23 @@ class FakeCuda(CudaApi):
         self.events += 1
         return FakeEvent(self.log, f"e{self.events}")
 
+    def new_timing_event(self) -> FakeEvent:  # "now" events share the e<n> numbering with the others
+        self.timing_events += 1
+        at = self.device_ms[self.timing_events - 1] if self.timing_events <= len(self.device_ms) else 0.0
+        if self.timing_events % 2:
+            return FakeEvent(self.log, f"t{(self.timing_events + 1) // 2}", at)
+        self.events += 1
+        return FakeEvent(self.log, f"e{self.events}", at)
+
     @contextlib.contextmanager
     def use_stream(self, stream: FakeStream) -> Any:
         self.log.append(f"enter {stream.name}")
         yield
         self.log.append(f"exit {stream.name}")
+
+    def take_mark(self, device: torch.device) -> tuple[FakeEvent, float] | None:
+        mark, self.mark = self.mark, None
+        return mark
 
     def free_bytes(self, device: torch.device) -> int | None:
         return self.free
@@ -189,6 +208,7 @@ def test_cuda_overlap_orders_copies_after_the_step_and_the_next_update_after_the
     assert cuda.log == [
         "copy waits for current",  # copies start after the optimizer step's kernels
         "enter copy",
+        "record t1 on copy",  # the device's time when the copies start
         "record e1 on copy",  # copies that must finish before the hook returns
         "record e2 on copy",  # ... then the deferred ones
         "exit copy",
@@ -208,7 +228,31 @@ def test_cuda_sync_waits_on_the_host_and_returns_nothing_pending() -> None:
     cuda = FakeCuda()
     _, _, pending = take(gpu_snapshotter("sync", cuda), make_state(), torch_buffer_pool(pin_memory=False), lambda t: True)
     assert pending is None
-    assert cuda.log == ["copy waits for current", "enter copy", "record e1 on copy", "exit copy", "host waits e1"]
+    assert cuda.log == ["copy waits for current", "enter copy", "record t1 on copy", "record e1 on copy", "exit copy",
+                        "host waits e1"]  # fmt: skip
+
+
+def test_cuda_the_wait_for_the_device_s_queued_steps_is_hidden_and_the_copy_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autockpt_torch import cuda_api, staging
+
+    cuda = FakeCuda()
+    cuda.device_ms = [1000.0, 1020.0]  # the copy: 20 ms on the device's clock
+    host = iter([5.0, 5.070])  # the host waited 70 ms: 50 ms of queued steps, then the copy
+    monkeypatch.setattr(staging, "wait_for_copy", functools.partial(cuda_api.wait_for_copy, clock=lambda: next(host)))
+    snapshotter = gpu_snapshotter("sync", cuda)
+    take(snapshotter, make_state(), torch_buffer_pool(pin_memory=False), lambda t: True)
+    assert snapshotter.hidden_s == pytest.approx(0.050)
+    cuda.timing_events, cuda.device_ms = 0, [0.0, 30.0]
+    host = iter([7.0, 7.010])  # a wait shorter than the copy's device time (clocks differ): nothing hidden
+    take(snapshotter, make_state(), torch_buffer_pool(pin_memory=False), lambda t: True)
+    assert snapshotter.hidden_s == 0.0
+    # marked when the checkpoint began (host 4.0 s): the host waited 1.07 s in all (the previous
+    # persist, then the copy); on the device 300 ms passed from the queue's end to the copy's end
+    cuda.timing_events, cuda.device_ms = 0, [9999.0, 300.0]
+    cuda.mark = (FakeEvent(cuda.log, "mark", 0.0), 4.0)
+    host = iter([5.070])  # read once: after the wait
+    take(snapshotter, make_state(), torch_buffer_pool(pin_memory=False), lambda t: True)
+    assert snapshotter.hidden_s == pytest.approx(0.770) and cuda.mark is None  # the mark is used once
 
 
 def test_cuda_device_snapshot_reserves_device_buffers_and_the_update_waits_for_the_device_copy_only() -> None:
@@ -221,6 +265,7 @@ def test_cuda_device_snapshot_reserves_device_buffers_and_the_update_waits_for_t
     assert snapshotter.choice is not None and snapshotter.mode == "device", snapshotter.choice
     assert snapshotter.device_buffer_bytes == w.numel() * 4
     assert cuda.log[-4:] == ["record e2 on copy", "record e3 on copy", "exit copy", "host waits e1"]
+    assert cuda.log[:3] == ["copy waits for current", "enter copy", "record t1 on copy"]
     cuda.log.clear()
     pending.before_update()
     assert cuda.log == ["current waits e2"]  # device-to-device done; the drain to host goes on
