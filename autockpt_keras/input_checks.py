@@ -30,7 +30,7 @@ class InputReport:
     kind: str
     problems: tuple[str, ...] = ()
     reshuffles: bool = False  # a tf.data dataset whose order changes with every new iterator
-    pipeline_thread: bool = False  # batches are made ahead in a background thread
+    pipeline_thread: bool = False  # batches are made ahead (a background thread, or JAX's look-ahead)
 
 
 def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
@@ -67,19 +67,48 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
         kind = "PyDataset"
         # TensorFlow runs the Python generator in tf.data's prefetch thread; workers > 1 or
         # multiprocessing use Keras' own threads or processes.
-        threaded = backend == "tensorflow" or getattr(adapter, "enqueuer", None) is not None
+        threaded = loads_ahead(backend) or getattr(adapter, "enqueuer", None) is not None
     elif name == "TorchDataLoaderAdapter":
         kind = "torch DataLoader"
         problems.extend(torch_loader_problems(getattr(adapter, "_dataloader", None)))
         # TensorFlow iterates the loader in tf.data's prefetch thread (from_generator)
-        threaded = backend == "tensorflow"
+        threaded = loads_ahead(backend)
     elif name == "GeneratorDataAdapter":
         kind = "generator"
-        threaded = backend == "tensorflow"
+        threaded = loads_ahead(backend)
     else:
         kind = name
         problems.append(f"autockpt does not know whether {name} inputs come in the same order in a new process")
     return InputReport(kind, tuple(problems), reshuffles, threaded)
+
+
+def loads_ahead(backend: str) -> bool:
+    """Whether ``fit()`` on ``backend`` draws a Python input's batches before the batch in
+    training ends: TensorFlow (tf.data's prefetch thread), and JAX where Keras' JAX epoch
+    iterator fetches one batch ahead (``_one_batch_ahead_iterator``): before Keras 3.15 always,
+    from 3.15 on off the CPU only (read in Keras 3.14's and 3.15's ``backend/jax/trainer.py``).
+    A load that draws from a global generator has then already drawn the next batch when a
+    checkpoint captures the generator, so a resume replays the epoch's draws instead of
+    skipping by index."""
+    if backend == "tensorflow":
+        return True
+    if backend != "jax":
+        return False
+    return keras_release() < (3, 15) or jax_backend() != "cpu"
+
+
+def keras_release() -> tuple[int, int]:
+    """The installed Keras' (major, minor)."""
+    from importlib.metadata import version
+
+    major, minor = version("keras").split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def jax_backend() -> str:
+    import jax
+
+    return str(jax.default_backend())
 
 
 def _tf_global_seed_set() -> bool:

@@ -100,10 +100,13 @@ def write_records(file: IO[bytes], *, records: list[tuple[str, Any, int]], zip_c
     """Write recorded torch.save records into ``file`` as torch's zip writer does (persist process).
 
     ``zip_crc32`` (the default): with the zip's own per-record CRC-32, a second pass on top of
-    the manifest's checksum; without it zip tools reject the file (docs/benchmarks.md)."""
+    the manifest's checksum; without it zip tools reject the file (docs/benchmarks.md). Where
+    torch lacks the private writer the CRC-less path needs (torch 2.6 has no
+    ``serialization._get_storage_alignment``), the records are written with the CRC, as
+    :func:`~autockpt_torch.snapshot.save_tree` does."""
     keeper = WriteErrorKeeper(file)
     try:
-        if zip_crc32:
+        if zip_crc32 or not hasattr(torch.serialization, "_get_storage_alignment"):
             with torch.serialization._open_zipfile_writer(keeper) as writer:  # type: ignore[arg-type]
                 _replay(writer, records)
             return

@@ -171,6 +171,8 @@ def test_copies_run_with_the_requested_threads_and_restore_the_setting() -> None
 
 
 def test_save_tree_without_zip_crc_loads_and_skips_only_the_zip_crc() -> None:
+    if not hasattr(torch.serialization, "_get_storage_alignment"):  # pragma: no cover - torch 2.6
+        pytest.skip("this torch has no CRC-less zip writer: save_tree writes the CRC")
     tree = {"a": torch.randn(1000), "b": [1, {"c": torch.arange(5)}]}
     plain, fast = io.BytesIO(), io.BytesIO()
     save_tree(tree, plain)
