@@ -20,10 +20,14 @@ API (framework-free; both adapters use it)::
     ...
     handler.uninstall()         # at train end / on exception: previous handlers are back
 
-The same signal a second time while the first is still being acted on (not yet ``clear``-ed)
-is not deferred: the handler puts the previous dispositions back and delivers the signal
-again, so the default action (terminate) ends a job whose emergency checkpoint is stuck. (A
-different signal meanwhile, e.g. SIGTERM after SLURM's SIGUSR1 warning, is only counted.) Likewise, when
+Repeats of the signal being acted on (not yet ``clear``-ed): the first repeat within
+:data:`REPEAT_ABSORBED_S` of the signal is absorbed and logged. It is the same request
+delivered twice: under ``srun torchrun ...`` Slurm signals every process of the step and
+torchrun forwards the signal to its workers again, milliseconds apart. A later repeat, or a
+third signal, is not deferred: the handler puts the previous dispositions back and delivers the
+signal again, so the default action (terminate) ends a job whose emergency checkpoint is stuck.
+SIGINT (when configured) is not absorbed: a second Ctrl-C raises ``KeyboardInterrupt`` at once.
+(A different signal meanwhile, e.g. SIGTERM after SLURM's SIGUSR1 warning, is only counted.) Likewise, when
 ``alive()`` (given to the constructor) says training is over, a signal is handed to the
 previous disposition: a ``fit()`` that raised without uninstalling cannot swallow signals.
 
@@ -49,11 +53,13 @@ import logging
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any, Callable, Iterable, Union
 
 __all__ = [
     "DEFAULT_SIGNALS",
+    "REPEAT_ABSORBED_S",
     "ON_PREEMPT",
     "Preempted",
     "PreemptionHandler",
@@ -64,6 +70,9 @@ __all__ = [
 log = logging.getLogger("autockpt")
 
 DEFAULT_SIGNALS: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+REPEAT_ABSORBED_S = 1.0
+"""A repeat of the signal being acted on within this many seconds of it is the same delivery
+twice (absorbed, once); a later one, or a third, ends the process by the previous disposition."""
 ON_PREEMPT: tuple[str, ...] = ("exit", "continue")
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 
@@ -152,6 +161,8 @@ class PreemptionHandler:
         self.alive = alive  # called in the handler with the interrupted frame
         self.signum: int | None = None  # the first signal since the last clear()
         self.count = 0  # signals received since install()
+        self.absorbed = 0  # repeats taken as the same delivery since the last clear()
+        self._first_at = 0.0  # time.monotonic() of the signal being acted on
         self._previous: dict[int, _Handler] = {}
         self._installed = False
 
@@ -173,6 +184,7 @@ class PreemptionHandler:
     def clear(self) -> None:
         """Forget the received signal (``on_preempt="continue"``, after the checkpoint)."""
         self.signum = None
+        self.absorbed = 0
 
     def install(self) -> bool:
         """Install the handler for every signal; True when installed (main thread only)."""
@@ -190,6 +202,7 @@ class PreemptionHandler:
             return False
         self.signum = None
         self.count = 0
+        self.absorbed = 0
         self._previous = {}
         for name in self.signals:
             signum = int(getattr(signal, name))
@@ -237,14 +250,22 @@ class PreemptionHandler:
             return
         self.count += 1
         if self.signum == signum:
-            # The same signal again before the first was acted on: the emergency checkpoint may
-            # be stuck. Give up the signals and let the previous disposition (default: terminate) act.
-            log.warning("autockpt: %s received again; no longer deferring it", signal.Signals(signum).name)
+            since = time.monotonic() - self._first_at
+            name = signal.Signals(signum).name
+            if not self.absorbed and since <= REPEAT_ABSORBED_S and signum != signal.SIGINT:
+                self.absorbed += 1  # the same request delivered twice (srun + torchrun)
+                log.warning("autockpt: %s received again %.0f ms after the first: taken as the same "
+                            "request; a third ends the process", name, since * 1e3)  # fmt: skip
+                return
+            # A later repeat or a third: the emergency checkpoint may be stuck. Give up the
+            # signals and let the previous disposition (default: terminate) act.
+            log.warning("autockpt: %s received again; no longer deferring it", name)
             self.uninstall()
             _deliver(signum, frame, previous)
             return
         if self.signum is None:
             self.signum = signum
+            self._first_at = time.monotonic()
         # Python's SIGINT handler raises KeyboardInterrupt mid-step: the first SIGINT is ours alone.
         if self.chain and callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)

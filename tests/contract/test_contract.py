@@ -92,14 +92,16 @@ def test_a_non_finite_last_loss_takes_no_final_checkpoint_and_warns(tmp_path: Pa
 
 @pytest.mark.integration
 @pytest.mark.parametrize("adapter", BOTH)
+@pytest.mark.parametrize("action", ["sigterm", "sigterm2"], ids=["once", "twice"])
 def test_sigterm_exits_143_after_a_checkpoint_of_its_step_and_a_rerun_resumes_from_it(
-    tmp_path: Path, adapter: str
+    tmp_path: Path, adapter: str, action: str
 ) -> None:
-    """The fault scripts (12 steps per epoch, 2 epochs, every 4 steps) get SIGTERM inside step 15."""
+    """The fault scripts (12 steps per epoch, 2 epochs, every 4 steps) get SIGTERM inside step 15,
+    once, or twice 3 ms apart (Slurm's signal and torchrun's forward of it under srun + torchrun)."""
     fits = ADAPTERS[adapter]
     dirpath, out = tmp_path / "ck", tmp_path / "weights.npz"
     args = [*fits.script_args, "--epochs", "2", "--every", "4"]
-    plan = {"phase": "step", "at": 14, "action": "sigterm"}  # before step 15's update
+    plan = {"phase": "step", "at": 14, "action": action}  # before step 15's update
     stopped = harness.run_once(fits.script, dirpath, out, plan, extra_args=args)
     context = stopped.describe() + "\n" + stopped.output[-3000:]
     assert stopped.events, "the signal was never sent:\n" + context
@@ -117,6 +119,24 @@ def test_sigterm_exits_143_after_a_checkpoint_of_its_step_and_a_rerun_resumes_fr
     # From step 15 the rerun checkpoints at 16, 20 and 24 (from scratch it would take 6).
     assert "autockpt: 3 checkpoints," in rerun.output, context
     assert steps(dirpath)[-1] == 24, context
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("adapter", BOTH)
+def test_a_third_sigterm_ends_the_process_by_the_default_action(tmp_path: Path, adapter: str) -> None:
+    """Three SIGTERMs 3 ms apart inside step 15: the third is not deferred (a stuck emergency
+    checkpoint cannot hold a job), the process dies by SIGTERM, and what was committed before
+    stays the newest checkpoint."""
+    fits = ADAPTERS[adapter]
+    dirpath, out = tmp_path / "ck", tmp_path / "weights.npz"
+    args = [*fits.script_args, "--epochs", "2", "--every", "4"]
+    stopped = harness.run_once(fits.script, dirpath, out, {"phase": "step", "at": 14, "action": "sigterm3"},
+                               extra_args=args)  # fmt: skip
+    context = stopped.describe() + "\n" + stopped.output[-3000:]
+    assert stopped.events and stopped.returncode == -signal.SIGTERM, context
+    assert "received again" in stopped.output and "no longer deferring it" in stopped.output, context
+    newest = records(dirpath)[-1]  # an interval's checkpoint, no emergency one
+    assert not out.exists() and newest.step < 15 and newest.meta.get("reason") != "preempted by SIGTERM", context
 
 
 # -- 4. nothing left to train -------------------------------------------------------------------------

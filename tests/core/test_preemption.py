@@ -88,7 +88,7 @@ def test_preempted_exits_with_128_plus_signal() -> None:
     assert exc.signal_name == "SIGTERM" and exc.step == 12
 
 
-def test_the_same_signal_twice_falls_back_to_the_previous_disposition(restore_usr_handlers: Any) -> None:
+def test_the_same_signal_a_third_time_falls_back_to_the_previous_disposition(restore_usr_handlers: Any) -> None:
     seen: list[int] = []
     previous = lambda signum, frame: seen.append(signum)  # noqa: E731
     signal.signal(signal.SIGUSR1, previous)
@@ -98,10 +98,38 @@ def test_the_same_signal_twice_falls_back_to_the_previous_disposition(restore_us
     signal.raise_signal(signal.SIGUSR2)
     signal.raise_signal(signal.SIGUSR1)  # another signal while SIGUSR2 is pending: counted only
     assert handler.installed and handler.signum == signal.SIGUSR2 and handler.count == 2
-    signal.raise_signal(signal.SIGUSR2)  # the same one again: ours are gone, the previous one acts
-    assert not handler.installed and handler.count == 3
+    signal.raise_signal(signal.SIGUSR2)  # the same one again at once: the same request twice
+    assert handler.installed and handler.requested and handler.absorbed == 1 and handler.count == 3
+    signal.raise_signal(signal.SIGUSR2)  # a third: ours are gone, the previous one acts
+    assert not handler.installed and handler.count == 4
     assert seen == [signal.SIGUSR2, signal.SIGUSR1, signal.SIGUSR2]
     assert signal.getsignal(signal.SIGUSR1) is previous and signal.getsignal(signal.SIGUSR2) is previous
+
+
+def test_a_repeat_after_the_absorbing_window_falls_back_at_once(restore_usr_handlers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autockpt_core import preemption
+
+    seen: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    handler = PreemptionHandler(["SIGUSR1"])
+    handler.install()
+    signal.raise_signal(signal.SIGUSR1)
+    monkeypatch.setattr(preemption, "REPEAT_ABSORBED_S", -1.0)  # every repeat comes "later"
+    signal.raise_signal(signal.SIGUSR1)
+    assert not handler.installed and handler.absorbed == 0 and seen == [signal.SIGUSR1, signal.SIGUSR1]
+
+
+def test_clear_forgets_an_absorbed_repeat(restore_usr_handlers: Any) -> None:
+    signal.signal(signal.SIGUSR1, lambda s, f: None)
+    handler = PreemptionHandler(["SIGUSR1"])
+    handler.install()
+    signal.raise_signal(signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)
+    handler.clear()  # on_preempt="continue": acted on
+    signal.raise_signal(signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)  # a new request, delivered twice: absorbed again
+    assert handler.installed and handler.requested and handler.absorbed == 1
+    handler.uninstall()
 
 
 def test_the_same_signal_after_clear_is_a_new_request(restore_usr_handlers: Any) -> None:

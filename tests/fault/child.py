@@ -26,7 +26,8 @@ fault to the process of that global rank (``RANK``/``LOCAL_RANK`` in its environ
 unset). Actions: ``kill`` (SIGKILL itself: nothing runs after it, not even ``finally`` blocks
 or the writer thread; with :data:`KILL_JOB_ENV` set, SIGKILL of its whole process group, every
 rank and persist process at once, as torchrun tears a job down),
-``sigterm`` (sends itself SIGTERM and goes on: the preemption path), ``enospc`` / ``eacces``
+``sigterm`` (sends itself SIGTERM and goes on: the preemption path; ``sigterm2``/``sigterm3``
+send it 2 or 3 times, 3 ms apart), ``enospc`` / ``eacces``
 (the write raises ``OSError``; persist phase only).
 
 Framework-free (stdlib and autockpt_core only; :func:`write_records_with_faults` imports
@@ -47,6 +48,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import IO, Any, Callable, NoReturn
 
 from autockpt_core import MANIFEST_NAME, LocalStorage, WriteResult
@@ -55,7 +57,7 @@ PLAN_ENV = "AUTOCKPT_FAULT_PLAN"
 LOG_ENV = "AUTOCKPT_FAULT_LOG"
 KILL_JOB_ENV = "AUTOCKPT_FAULT_KILL_JOB"  # "1": a kill takes the whole process group (all ranks)
 PHASES = ("step", "val", "sanity", "snapshot", "persist", "commit", "retention")
-ACTIONS = ("kill", "sigterm", "enospc", "eacces")
+ACTIONS = ("kill", "sigterm", "sigterm2", "sigterm3", "enospc", "eacces")
 
 
 class FaultPlan:
@@ -108,8 +110,11 @@ class FaultPlan:
                 os.killpg(os.getpgrp(), signal.SIGKILL)  # every rank of the job, this one included
             os.kill(training, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
-        elif self.action == "sigterm":
-            os.kill(training, signal.SIGTERM)
+        elif self.action.startswith("sigterm"):
+            for i in range(int(self.action[len("sigterm"):] or 1)):  # repeats 3 ms apart, as srun + torchrun
+                if i:
+                    time.sleep(0.003)
+                os.kill(training, signal.SIGTERM)
         else:
             raise self.error()
 

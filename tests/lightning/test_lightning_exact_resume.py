@@ -348,8 +348,9 @@ def test_signal_during_validation_commits_the_next_step_and_exits_143(tmp_path: 
     assert_weights_equal(weights_of(model), baseline(tmp_path))
 
 
-def test_second_signal_ends_the_process_by_the_default_action(tmp_path: Path) -> None:
-    """A stuck emergency checkpoint cannot hold a job: the second SIGTERM terminates it."""
+def test_third_signal_ends_the_process_by_the_default_action(tmp_path: Path) -> None:
+    """A stuck emergency checkpoint cannot hold a job: a repeat at once is the same request
+    delivered twice (srun + torchrun), the third SIGTERM terminates it."""
     import subprocess
     import sys
 
@@ -361,12 +362,15 @@ def test_second_signal_ends_the_process_by_the_default_action(tmp_path: Path) ->
         "assert h.requested\n"
         "print('first recorded', flush=True)\n"
         "signal.raise_signal(signal.SIGTERM)\n"
+        "assert h.installed and h.absorbed == 1\n"
+        "print('repeat absorbed', flush=True)\n"
+        "signal.raise_signal(signal.SIGTERM)\n"
         "time.sleep(5)\n"
         "print('still alive', flush=True)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGTERM and "first recorded" in done.stdout
-    assert "still alive" not in done.stdout
+    assert "repeat absorbed" in done.stdout and "still alive" not in done.stdout
 
 
 def test_sigint_when_configured_is_a_preemption_not_a_keyboard_interrupt(tmp_path: Path) -> None:
