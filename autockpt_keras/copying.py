@@ -241,19 +241,14 @@ def _tf_host_view(tensor: Any) -> np.ndarray:
     return np.asarray(view() if view is not None else tensor.numpy())
 
 
-def torch_copy(entries: Sequence[StateEntry], pool: BufferPool[Any]) -> dict[str, np.ndarray]:
-    """Copy each torch tensor into its numpy buffer without a temporary.
+class TorchCopier:
+    """The torch backend's copier: each torch tensor into its numpy buffer without a temporary.
 
     CPU tensors: ``np.copyto`` from the tensor's numpy alias (one memcpy in this thread).
-    CUDA tensors: see :func:`_cuda_to_host` (complete when this returns).
+    CUDA tensors: see :func:`_cuda_to_host` (complete when this returns). ``hidden_s``: of the
+    latest call's wait for CUDA copies, the part that was the device finishing queued steps
+    (read on the device's clock; the snapshot hands it to the session as ``Snapshot.hidden_s``).
     """
-    return _copy_torch(entries, pool)[0]
-
-
-class TorchCopier:
-    """The torch backend's copier (:func:`torch_copy`), keeping ``hidden_s``: of its latest
-    call's wait for CUDA copies, the part that was the device finishing queued steps (read on
-    the device's clock; the snapshot hands it to the session as ``Snapshot.hidden_s``)."""
 
     def __init__(self) -> None:
         self.hidden_s = 0.0
@@ -317,7 +312,7 @@ def _cuda_to_host(items: Sequence[tuple[Any, Any]]) -> float:
             dst.copy_(src, non_blocking=True)
         done = torch.cuda.Event(enable_timing=True)
         done.record(stream)
-    return wait_for_copy(started, done) if entry is None else wait_for_copy(entry[0], done, entry[1])
+    return wait_for_copy(started, done, entry)
 
 
 class JaxCopier:

@@ -44,24 +44,24 @@ class CudaApi:
 
 
 def wait_for_copy(
-    started: Any, done: Any, since: float | None = None, clock: Callable[[], float] = time.perf_counter
+    started: Any, done: Any, mark: tuple[Any, float] | None = None, clock: Callable[[], float] = time.perf_counter
 ) -> float:
     """Block the host until the timing event ``done`` has happened; returns the part of the
     host's wait the device's timeline did not lose.
 
-    ``started`` is the timing event where the device's queue ended: a :meth:`QueueProbe.mark`
-    taken when the checkpoint began, whose host time is ``since``, or (``since`` None) an event
-    on the copy stream right after it was made to wait for the training's stream, the wait then
-    counted from this call. Until ``started`` the device runs steps queued before the
-    checkpoint (work it does with or without one); from ``started`` to ``done`` it is idle or
-    copying: what the training loses. Returns ``max(0, host wait - device time from started to
-    done)``: the queue's drain, hidden from the training (the caller subtracts it from the
-    checkpoint's stall).
+    The wait is counted from ``mark`` (a :meth:`QueueProbe.mark` taken when the checkpoint
+    began, :func:`take_mark`: its event on the training's stream and its host time), else from
+    this call with ``started`` (a timing event on the copy stream right after it was made to
+    wait for the training's stream) as the queue's end. Until the queue's end the device runs
+    steps queued before the checkpoint (work it does with or without one); from there to
+    ``done`` it is idle or copying: what the training loses. Returns ``max(0, host wait -
+    device time from the queue's end to done)``: the queue's drain, hidden from the training
+    (the caller subtracts it from the checkpoint's stall).
     """
-    before = clock() if since is None else since
+    end, before = mark if mark is not None else (started, clock())
     done.synchronize()
     waited = clock() - before
-    return max(0.0, waited - started.elapsed_time(done) / 1000.0)  # elapsed_time: milliseconds
+    return max(0.0, waited - end.elapsed_time(done) / 1000.0)  # elapsed_time: milliseconds
 
 
 def record_on_stream(src: torch.Tensor, stream: Any) -> None:

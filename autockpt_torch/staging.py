@@ -276,7 +276,7 @@ class TorchSnapshotter:
                 done_event.record(stream)
                 if update_event is None:
                     update_event = done_event
-        self.hidden_s = wait_for_copy(started, now_event) if entry is None else wait_for_copy(entry[0], now_event, entry[1])
+        self.hidden_s = wait_for_copy(started, now_event, entry)
         return update_event, done_event
 
     def _device_buffers(self, device: torch.device) -> BufferPool[torch.Tensor]:

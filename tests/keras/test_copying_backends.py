@@ -19,10 +19,10 @@ from autockpt_core import BufferPool
 from autockpt_keras.copying import (
     JaxCopier,
     TensorFlowCopier,
+    TorchCopier,
     _cuda_to_host,
     buffer_pool_for,
     copier_for,
-    torch_copy,
 )
 from autockpt_keras.state import StateEntry
 
@@ -64,7 +64,7 @@ def test_torch_copier_copies_cpu_tensors_and_bfloat16_bits() -> None:
     tensors = [torch.randn(5, 4), torch.randn(3).to(torch.bfloat16)]
     entries = [StateEntry(f"model/t{i}", "model", Holder(t)) for i, t in enumerate(tensors)]
     pool: BufferPool[Any] = BufferPool()
-    out = rounds(torch_copy, entries, pool, 3)
+    out = rounds(TorchCopier(), entries, pool, 3)
     assert pool.allocations == 2
     np.testing.assert_array_equal(out["model/t0"], tensors[0].numpy())
     assert out["model/t1"].view(np.int16).tobytes() == tensors[1].view(torch.int16).numpy().tobytes()
@@ -145,7 +145,7 @@ def test_the_first_batch_prepares_the_read_and_prefaults_buffers_the_first_copy_
     assert pool.allocations == made
     np.testing.assert_array_equal(copied[entries[0].key], keras.ops.convert_to_numpy(entries[0].variable.value))
     assert traced_in == ["autockpt-tf-read-warm", threading.current_thread().name]  # the copy reuses the trace
-    warm_copier(torch_copy, entries)  # copiers without a warm-up: nothing happens
+    warm_copier(TorchCopier(), entries)  # copiers without a warm-up: nothing happens
 
 
 def test_under_a_distribution_strategy_the_read_is_prepared_in_the_calling_thread() -> None:
@@ -213,7 +213,7 @@ def test_the_copier_is_preparing_while_its_reads_trace_runs_and_not_after() -> N
     release.set()
     copier.settle()
     assert not copier_preparing(copier)
-    assert not copier_preparing(torch_copy) and not copier_preparing(None)  # copiers without a warm-up
+    assert not copier_preparing(TorchCopier()) and not copier_preparing(None)  # copiers without a warm-up
 
 
 def test_the_host_clock_is_named_only_where_an_accelerator_has_no_probe(monkeypatch) -> None:
