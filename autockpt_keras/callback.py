@@ -218,17 +218,17 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             self._exact.batch_begin(batch)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        # every batch: what ends_fit_on_error does, without its extra call
-        try:
+        try:  # every batch: what ends_fit_on_error does, without its extra call
             exact = self._exact if self._exact is not None else self._require_exact()
-            if exact.batch_end(batch):  # a skipped batch: it was drawn, not trained
+            if exact.skip_through is None:  # no resumed epoch's skip ahead: the stream counts it
+                exact.stream.batch_end()
+            elif exact.batch_end(batch):  # a skipped batch: it was drawn, not trained
                 self._steps.skipped(batch)
                 return
             self._batch = batch
             self._epoch_start = None
-            # the driver notes the logs; the loss in them (maybe a device value), whether this is
-            # the epoch's last batch (taken at the next epoch's start, after validation) and the
-            # buffer preparation are read only at a decision
+            # the loss in the logs (maybe a device value), the epoch's last batch (known after
+            # validation) and the buffers' preparation are read only at a decision
             self._step_end(self._steps.trained(batch), logs, self._at_last, self._prepare)
         except BaseException:
             self._end_failed_fit()

@@ -121,9 +121,10 @@ class DataStream:
         self._after_next_creation: Callable[[], None] | None = None
         self._undrawn = False  # the current stream has not given a batch yet
         self._fresh = False  # ... and is not even created (Keras creates it at the next batch)
-        self._tracked: Callable[[], Any] | None = None  # the iterator seen at the last batch end
+        self._created_seen: int | None = None  # ``created`` at the last batch end
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_batches = 0
+        self._exhausts_at: int | None = None  # the epoch iterator's ``_steps_seen`` at its last batch
         self._tf_dataset = _tf_dataset(epoch_iterator)
         if epoch_iterator is not None:
             self._hook(epoch_iterator)
@@ -164,6 +165,7 @@ class DataStream:
             self._fresh = not eager
         self._pending_rng = None
         self._epoch_batches = 0
+        self._exhausts_at = self._last_step_seen()
 
     def resume(self, point: ResumePoint, after_creation: Callable[[], None] | None = None) -> None:
         """The resumed epoch re-creates the checkpoint's stream (its iterator is built lazily);
@@ -173,30 +175,39 @@ class DataStream:
         self.rng_first = point.rng_first_draw
         self._after_next_creation = after_creation
         self._undrawn = self._fresh = True
-        self._tracked = None
+        self._created_seen = None
         self._pending_rng = None
         self._epoch_batches = 0
+        self._exhausts_at = self._last_step_seen()
 
     def batch_end(self) -> None:
         """After a batch: the stream exists; capture the generators if Keras is about to
-        replace an exhausted iterator (that happens right after this batch's callbacks)."""
+        replace an exhausted iterator (that happens right after this batch's callbacks).
+        Every batch: a few attribute reads and stores (the step-end hook's hot path)."""
         if self._undrawn:
-            self._undrawn = False
-            self.drawn += 1
-            self.index = self.created - 1 if self._by_creation else self.drawn - 1
-            if not self._by_creation:  # torch: a tf.data input's iterator is made at the first draw
-                _count_tf_iterator(self._tf_dataset)
+            self._first_drawn()
         self._fresh = False
         self._epoch_batches += 1
-        ei = self._ei
-        if ei is None:
-            return
-        current, tracked = ei._current_iterator, self._tracked
-        if tracked is None or tracked() is not current:  # a new iterator (a new reference only then)
-            self._tracked = _weak(current)
-        num = getattr(ei, "_num_batches", None)
-        if ei.steps_per_epoch and num and ei._steps_seen >= num:
+        self._created_seen = self.created
+        exhausts_at = self._exhausts_at
+        if exhausts_at is not None and self._ei._steps_seen >= exhausts_at:
             self._pending_rng = self._capture()
+
+    def _first_drawn(self) -> None:
+        self._undrawn = False
+        self.drawn += 1
+        self.index = self.created - 1 if self._by_creation else self.drawn - 1
+        if not self._by_creation:  # torch: a tf.data input's iterator is made at the first draw
+            _count_tf_iterator(self._tf_dataset)
+
+    def _last_step_seen(self) -> int | None:
+        """Where this epoch's batches use up a sized input that later epochs continue
+        (``steps_per_epoch`` set): the iterator's ``_steps_seen`` at its last batch. Keras
+        changes ``_num_batches`` only when an iterator runs out or is reset, between epochs."""
+        ei = self._ei
+        if ei is None or not ei.steps_per_epoch:
+            return None
+        return getattr(ei, "_num_batches", None) or None
 
     def current(self) -> StreamState:
         """The stream the next batch comes from: index, batches drawn, generators at its start."""
@@ -236,23 +247,9 @@ class DataStream:
             ei is not None
             and ei.steps_per_epoch is not None
             and ei._current_iterator is not None
-            and self._tracked is not None
-            and ei._current_iterator is not self._tracked()
+            and self._created_seen is not None
+            and self.created != self._created_seen  # an iterator created after the last batch
         )
-
-
-def _weak(iterator: Any) -> Callable[[], Any]:
-    """A weak reference to ``iterator`` where it allows one, else a strong one.
-
-    The stream must not keep an exhausted iterator alive: it is then destroyed where Keras
-    drops it, as without the callback, not later inside a batch hook. Destroying a tf.data
-    iterator can take seconds (its destructor waits for the autotuning thread, which can
-    miss the cancellation's wake-up and sleep out its period), which the callback would
-    otherwise measure as its own time."""
-    try:
-        return weakref.ref(iterator)
-    except TypeError:  # a built-in iterator without weak references
-        return lambda: iterator
 
 
 # -- tf.data iterators created in this process ---------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from autockpt_bench import cli
 from autockpt_bench import goodput as cli_goodput
 from autockpt_bench.study import goodput_report
-from autockpt_bench.study.failures import kill_gaps
+from autockpt_bench.study.failures import history_seeds, kill_gaps
 from autockpt_bench.study.kill_loop import Attempt
 from autockpt_core.policy.simulate import Failures, Job, simulate
 
@@ -29,6 +29,38 @@ def test_kill_gaps_are_the_simulators_failure_history() -> None:
     r = simulate([], Job(work_s=work, stall_s=0.0), Failures(10.0), jobs=1, seed=3)
     assert r.failures == expected_kills
     assert r.wall_s == pytest.approx(sum(gaps[:expected_kills]) + work)
+
+
+@pytest.mark.parametrize(("mtbf", "after", "before"), [(20.0, 3.0, 14.0), (10.0, 4.0, 24.0), (2.0, 0.5, 1.5)])
+def test_history_seeds_are_those_whose_first_kill_falls_in_the_job(mtbf: float, after: float, before: float) -> None:
+    seeds = history_seeds(mtbf, 0, 5, after_s=after, before_s=before)
+    assert len(seeds) == 5 and seeds == sorted(set(seeds))
+    firsts = {seed: next(kill_gaps(mtbf, seed)) for seed in range(seeds[-1] + 1)}
+    assert [seed for seed, gap in firsts.items() if after <= gap < before] == seeds  # none skipped wrongly
+
+
+def test_history_seeds_name_the_fix_when_the_mtbf_dwarfs_the_job() -> None:
+    with pytest.raises(ValueError, match="--mtbf 1e\\+06s.*below a few times --work"):
+        history_seeds(1e6, 0, 3, after_s=3.0, before_s=14.0, max_tries=200)
+    with pytest.raises(ValueError, match="ends before its startup"):
+        history_seeds(10.0, 0, 1, after_s=5.0, before_s=5.0)
+
+
+def _row(kind: str, wall: float, kills: float) -> dict:
+    return {"name": kind, "kind": kind, "wall_s": wall, "finished": True, "kills": kills, "waste_s": wall - 10.0}
+
+
+def test_a_comparison_without_a_failure_is_not_judged() -> None:
+    """A history where a method met no kill says which process finished first, not what its
+    checkpoints saved: no verdict, instead of a ratio or a negative percentage."""
+    rows = [_row("every_epoch", 10.5, 0), _row("every_n", 12.0, 1), _row("autockpt", 16.0, 2)]
+    measured = [t for t in cli_goodput.targets(rows) if t["basis"] == "measured"]
+    by_target = {t["target"].split(" (")[0]: t for t in measured}
+    assert by_target["waste ≥ 30% below per-epoch"]["met"] is None
+    assert "no failure happened" in by_target["waste ≥ 30% below per-epoch"]["measured"]
+    assert by_target["wall ≤ 1.05× best fixed"]["met"] is False  # both were killed: judged
+    rows[1]["kills"] = 0
+    assert all(t["met"] is None for t in cli_goodput.targets(rows) if t["basis"] == "measured")
 
 
 def test_startup_is_paid_once_and_again_after_each_failure() -> None:
@@ -60,7 +92,7 @@ def _args(*argv: str):  # type: ignore[no-untyped-def]
 
 def test_settings_and_the_sweep() -> None:
     s = cli_goodput.settings_from_args(_args("--quick"))
-    assert (s["mtbf_s"], s["work_s"], s["epochs"], s["workload"]) == (20.0, 12.0, 3, "small")
+    assert (s["mtbf_s"], s["work_s"], s["epochs"], s["workload"]) == (10.0, 20.0, 3, "small")
     assert cli_goodput.sweep_for(64, quick=False) == [4, 8, 16, 32]
     kinds = [cli_goodput.KINDS[m["name"]] for m in cli_goodput.plan_methods(cli_goodput.settings_from_args(_args()), 64)]
     assert kinds == ["every_epoch", "native_every_n", "every_n", "every_n", "every_n", "every_n", "autockpt", "autockpt_mtbf"]
@@ -104,9 +136,9 @@ def test_repeats_run_in_rounds_with_the_reference_between(tmp_path: Path, monkey
     calls: list[str] = []
     run_method = cli_goodput._run_method
 
-    def recorded(framework, workload, method, steps, settings, work, gaps, *rest):  # type: ignore[no-untyped-def]
+    def recorded(framework, workload, method, steps, settings, work, gaps, *rest, **named):  # type: ignore[no-untyped-def]
         calls.append(method["name"])
-        return run_method(framework, workload, method, steps, settings, work, gaps, *rest)
+        return run_method(framework, workload, method, steps, settings, work, gaps, *rest, **named)
 
     monkeypatch.setattr(cli_goodput, "_run_method", recorded)
     out = tmp_path / "gp"
@@ -119,4 +151,8 @@ def test_repeats_run_in_rounds_with_the_reference_between(tmp_path: Path, monkey
     assert methods[:per_round] == methods[per_round:] and per_round == 2
     result = json.loads((out / "goodput.json").read_text())
     assert len(result["failure_free_runs_s"]) == 3
-    assert all([s["seed"] for s in m["seeds"]] == [result["seed"], result["seed"] + 1] for m in result["methods"])
+    seeds = result["history_seeds"]
+    assert len(seeds) == 2 and seeds[0] == result["seed"]
+    assert all([s["seed"] for s in m["seeds"]] == seeds for m in result["methods"])
+    for seed in seeds:  # each history's first kill falls while the job trains
+        assert next(kill_gaps(1.5, seed)) < result["failure_free_runs_s"][0]
