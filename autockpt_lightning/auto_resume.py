@@ -35,6 +35,7 @@ from autockpt_core.persist.fetched_copies import PREFIX, fetch_directory, remove
 from autockpt_core.persist.storage import download
 from autockpt_core.persist.verified_fetch import FetchWhileVerifying
 
+from . import internals
 from . import resume as _resume
 from .distributed import LightningRanks, raise_if_any_failed
 from .verified_load import LoadWhileVerifying, fusable, serving
@@ -81,8 +82,8 @@ def load_newest(
     # and picks by mtime among ModelCheckpoint's last*.ckpt files too.
     # A trainer that already trained in this process (a second fit() call) continues from
     # its in-memory state, which is at least as new as any checkpoint: nothing to load.
-    connector = trainer._checkpoint_connector
-    if connector._loaded_checkpoint or trainer.global_step > 0:
+    connector = internals.checkpoint_connector(trainer)
+    if internals.user_checkpoint_loaded(connector) or trainer.global_step > 0:
         return None
     agreed = AgreedCheck(LightningRanks(trainer), storage) if sharded and trainer.world_size > 1 else None
     if driver.session is None and agreed is not None:
@@ -91,9 +92,9 @@ def load_newest(
     def passed_over(record: CheckpointRecord) -> bool:
         return not record.meta.get(CONTINUES_EXACTLY, True) and _more_to_train(trainer, record)
 
-    restore = connector._restore_modules_and_callbacks
+    restore = internals.restore_modules_and_callbacks(connector)
     # The class's signature: a wrapper around the bound method (a profiler's) may hide it.
-    takes_weights_only = "weights_only" in inspect.signature(type(connector)._restore_modules_and_callbacks).parameters
+    takes_weights_only = "weights_only" in inspect.signature(internals.restore_function(connector)).parameters
     # Rank 0 loads each candidate while verifying it (verified_load.py): the file is read once;
     # under a URL it is downloaded once, verified on the way, and loaded from that copy.
     fetches = FetchWhileVerifying(storage) if driver.session is not None else None  # only verifies local files

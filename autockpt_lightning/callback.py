@@ -61,6 +61,7 @@ from autockpt_torch.cuda_api import queue_busy_probe
 from autockpt_torch.process_write import WRITE_RECORDS, portable_tree_write
 from autockpt_torch.staging import optimizer_owned
 
+from . import internals
 from . import resume as _resume
 from .auto_resume import CONTINUES_EXACTLY, EPOCHS_DONE, apply_exact_state, load_newest
 from .buffer_warmup import BufferWarmup
@@ -141,6 +142,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            internals.check_internals(trainer)  # a Lightning that renamed what autockpt reads
             check_strategy(trainer)
             if is_sharded(trainer):
                 check_sharded_config(self.config, self._storage)
@@ -236,8 +238,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The final checkpoint (unless the newest one holds this step), then finish."""
         driver = self._require_driver()
-        # At an epoch's end Lightning does not continue bitwise exactly (see at_clean_boundary):
-        # a rerun with more epochs resumes from the checkpoint before this one (auto_resume.py).
+        # Not bitwise at an epoch's end (at_clean_boundary): a rerun with more epochs resumes before it
         driver.final(trainer.global_step, unclean=driver.writes and not _resume.at_clean_boundary(trainer))
         driver.finish()
 
@@ -339,7 +340,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
     def _save(
         self, trainer: pl.Trainer, step: int, epoch: int, reason: str, meta: dict[str, Any]
     ) -> CheckpointEvent | None:
-        connector = trainer._checkpoint_connector
+        connector = internals.checkpoint_connector(trainer)
         session = self._session
         if self._sharded is not None:
             taken = self._sharded.checkpoint(trainer, session, step, epoch, reason, meta)
@@ -353,9 +354,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
 
         def snapshot(buffers: BufferPool[Any]) -> Snapshot:
             nonlocal copied_bytes
-            # dump_checkpoint returns live references: copied before the hook returns; in "overlap"
-            # and "device" modes parameters and optimizer state are copied during the next step,
-            # whose on_before_optimizer_step waits for that copy.
+            # dump_checkpoint's live references are copied before the hook returns, or ("overlap",
+            # "device") during the next step, whose on_before_optimizer_step waits for the copy
             deferrable = optimizer_owned(trainer.lightning_module.parameters(), trainer.optimizers)
             snapshotter = self._snapshotter
             tree, copied_bytes, pending = snapshotter.snapshot(

@@ -28,6 +28,8 @@ from autockpt_core import AutockptError, ResumeNotExactWarning
 from autockpt_core.policy.agreement import Agreement
 from autockpt_core.policy.process_group import AGREED, PeerFailedError, ProcessGroup
 
+from . import internals
+
 __all__ = [
     "AGREED",
     "Agreement",
@@ -55,7 +57,7 @@ def check_strategy(trainer: pl.Trainer) -> None:
     strategy = trainer.strategy
     name = type(strategy).__name__
     if isinstance(strategy, ModelParallelStrategy):
-        if not strategy._save_distributed_checkpoint:
+        if internals.saves_distributed_checkpoint(strategy) is False:  # None: unknown (warned at setup)
             raise AutockptError(
                 f"AutoCheckpoint writes {name}'s checkpoints sharded (every rank its own shards), "
                 "but this strategy has save_distributed_checkpoint=False, which gathers the whole model "
@@ -113,7 +115,7 @@ def warn_if_slurm_requeue(trainer: pl.Trainer) -> None:
     """Lightning's SLURM auto-requeue saves from inside its signal handler and resumes from that file."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    environment = trainer._accelerator_connector.cluster_environment
+    environment = internals.cluster_environment(trainer)
     if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and trainer.is_global_zero:
         warnings.warn(
             "autockpt: Lightning's SLURM auto-requeue is on: on "

@@ -31,6 +31,8 @@ from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from autockpt_torch import ResumableSampler
 from autockpt_torch import rng as torch_rng
 
+from . import internals
+
 STATE_VERSION = 1
 
 # Lightning's own warning for a mid-epoch resume with a loader that is not `_Stateful`; a
@@ -40,7 +42,7 @@ LIGHTNING_NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended 
 
 def train_loaders(trainer: pl.Trainer) -> list[Any]:
     """The train dataloaders of the running fit (empty before ``setup_data``)."""
-    combined = trainer.fit_loop._combined_loader
+    combined = internals.combined_loader(trainer)
     return list(combined.flattened) if combined is not None else []
 
 
@@ -130,7 +132,9 @@ def random_sampler_wrapped_for_ranks(loader: Any) -> str | None:
     this loader (what DDP makes of ``StatefulDataLoader(shuffle=True)``), or None."""
     for candidate in samplers_of(loader):
         if isinstance(candidate, DistributedSamplerWrapper):
-            inner = getattr(candidate.dataset, "_sampler", None)
+            inner = internals.wrapped_sampler(candidate.dataset)
+            if inner is internals.UNKNOWN:
+                return f"sampler autockpt cannot see ({internals.INTERNALS['wrapped_sampler'].label} is missing)"
             # torch's RandomSampler and torchdata's (not a subclass of torch's) draw a new order per iteration
             if any(cls.__name__ == "RandomSampler" for cls in type(inner).__mro__):
                 return f"{type(inner).__module__}.{type(inner).__name__}"
@@ -138,7 +142,7 @@ def random_sampler_wrapped_for_ranks(loader: Any) -> str | None:
 
 
 def _prefetches(trainer: pl.Trainer) -> bool:
-    fetcher = trainer.fit_loop._data_fetcher
+    fetcher = internals.data_fetcher(trainer)
     return getattr(fetcher, "prefetch_batches", 0) > 0
 
 
@@ -149,7 +153,7 @@ def can_carry_prefetched(trainer: pl.Trainer) -> bool:
     stateful loader's saved state already counts those batches as consumed: the resumed run
     would skip them. Single process only (every rank has its own batches; only rank 0 writes).
     """
-    fetcher = trainer.fit_loop._data_fetcher
+    fetcher = internals.data_fetcher(trainer)
     return (
         trainer.world_size == 1
         and trainer.num_training_batches == float("inf")
@@ -162,14 +166,13 @@ def prefetched_batches(trainer: pl.Trainer) -> list[Any] | None:
     """The batches fetched ahead of training (unsized stateful loaders), to save; None if none."""
     if not can_carry_prefetched(trainer) or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
         return None
-    batches = list(trainer.fit_loop._data_fetcher.batches)  # type: ignore[union-attr]
+    batches = list(internals.data_fetcher(trainer).batches)  # can_carry_prefetched: it has them
     return batches or None
 
 
 def restore_prefetched(trainer: pl.Trainer, batches: list[Any]) -> None:
     """Put saved fetched-ahead batches in front of the resumed fetcher's own (on_train_start)."""
-    fetcher = trainer.fit_loop._data_fetcher
-    fetcher.batches[0:0] = list(batches)  # type: ignore[union-attr]
+    internals.data_fetcher(trainer).batches[0:0] = list(batches)  # after can_carry_prefetched
 
 
 def at_clean_boundary(trainer: pl.Trainer) -> bool:
@@ -179,13 +182,13 @@ def at_clean_boundary(trainer: pl.Trainer) -> bool:
     another point, so the generators drift by that draw) and not right before a validation
     run (Lightning skips it on resume, and the draws it would have made are missing). Measured
     on Lightning 2.6 by resuming from every step of a run with dropout, shuffling and
-    validation; every other step boundary resumes bitwise exactly.
+    validation; every other step boundary resumes bitwise exactly. Where this Lightning cannot
+    say (an internal missing: warned at the fit's start), the boundary counts as clean.
     """
-    loop = trainer.fit_loop.epoch_loop
-    if loop._num_ready_batches_reached():
+    if internals.at_epochs_last_batch(trainer):
         return False
-    fetcher = trainer.fit_loop._data_fetcher
-    return not (fetcher is not None and loop._should_check_val_fx(fetcher))
+    fetcher = internals.data_fetcher(trainer)
+    return not (fetcher is not None and internals.validation_next(trainer, fetcher))
 
 
 def sampler_states(trainer: pl.Trainer) -> list[dict[str, Any] | None]:
@@ -228,7 +231,7 @@ def restore_samplers(trainer: pl.Trainer, states: list[dict[str, Any] | None]) -
 
 def rebuild_train_iterator(trainer: pl.Trainer) -> None:
     """Create the train iterator again (as Lightning's ``setup_data`` did), before any batch."""
-    fetcher = trainer.fit_loop._data_fetcher
+    fetcher = internals.data_fetcher(trainer)
     if fetcher is not None:
         iter(fetcher)
 

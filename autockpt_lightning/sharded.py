@@ -37,7 +37,6 @@ from typing import IO, TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from autockpt_core import CheckpointSession, Config, ConfigError, Snapshot, Storage
@@ -50,6 +49,7 @@ from autockpt_torch.host_buffers import tensor_nbytes
 if TYPE_CHECKING:  # imported where a sharded fit needs it: torch.distributed.checkpoint takes ~50 ms to import
     from autockpt_torch.sharded import ShardedWriter
 
+from . import internals
 from .distributed import raise_if_any_failed
 
 MODE = "sharded"
@@ -160,7 +160,7 @@ class ShardedSave:
 
             def fill(directory: Path) -> Checksums:
                 written.result()  # every rank's shards, listings and DCP's .metadata are written and fsync'ed
-                with open(directory / _METADATA_FILENAME, "xb") as f:
+                with open(directory / internals.metadata_filename(), "xb") as f:
                     f.write(metadata.getbuffer())
                     f.flush()
                     os.fsync(f.fileno())
@@ -196,7 +196,7 @@ class ShardedSave:
         tensors: dict[str, Any] = {}
         metadata = io.BytesIO()
         try:
-            tensors, rest = split_checkpoint(trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
+            tensors, rest = split_checkpoint(internals.checkpoint_connector(trainer).dump_checkpoint(weights_only=False))
             if trainer.is_global_zero:
                 torch.save(rest, metadata)  # small (no model or optimizer tensors); the dict is live
         except Exception as exc:

@@ -26,9 +26,10 @@ import lightning.pytorch as pl
 
 from autockpt_core import PreemptionHandler
 
+from . import internals
+
 log = logging.getLogger("autockpt")
 
-_NOTIFIER = "_sigterm_notifier_fn"
 
 
 def _left_to_autockpt(signum: Any, frame: FrameType | None) -> None:
@@ -38,26 +39,27 @@ def _left_to_autockpt(signum: Any, frame: FrameType | None) -> None:
 
 def take_sigterm(trainer: pl.Trainer) -> bool:
     """Make the connector register ``_left_to_autockpt`` instead of its notifier; False if unsupported."""
-    connector = getattr(trainer, "_signal_connector", None)
-    if connector is None or not callable(getattr(connector, _NOTIFIER, None)):
+    connector = internals.signal_connector(trainer)
+    notifier = internals.INTERNALS["sigterm_notifier"]
+    if connector is None or not callable(internals.read(connector, "sigterm_notifier")):
         log.warning(
             "autockpt: this Lightning has no %s; its own SIGTERM handling stays on and may stop training "
             "before the emergency checkpoint",
-            _NOTIFIER,
+            notifier.label,
         )
         return False
-    setattr(connector, _NOTIFIER, _left_to_autockpt)
+    setattr(connector, notifier.attr, _left_to_autockpt)
     return True
 
 
 def hand_back(trainer: pl.Trainer, handler: PreemptionHandler | None) -> None:
     """Undo :func:`take_sigterm` and uninstall ``handler``, also in the connector's teardown list."""
-    connector = getattr(trainer, "_signal_connector", None)
+    connector = internals.signal_connector(trainer)
     if connector is not None:
-        vars(connector).pop(_NOTIFIER, None)
+        vars(connector).pop(internals.INTERNALS["sigterm_notifier"].attr, None)
     if handler is None:
         return
-    originals = getattr(connector, "_original_handlers", None)
+    originals = internals.read(connector, "original_handlers") if connector is not None else None
     if isinstance(originals, dict):
         for signum, installed in list(originals.items()):
             if handler.owns(installed):

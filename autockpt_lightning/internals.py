@@ -1,0 +1,237 @@
+"""Every private Lightning name the adapter touches, behind one small function each.
+
+Lightning keeps what exact resume needs in private attributes: the train loaders and the data
+fetcher of the fit loop, the checkpoint connector (``dump_checkpoint``, the restore of modules
+and callbacks), the signal connector's SIGTERM notifier, and a few more (:data:`INTERNALS`).
+The adapter reads them only here, through :func:`read`, so a Lightning release that renames or
+removes one gives None to the caller, never an ``AttributeError`` in the middle of a save or a
+resume. :func:`check_internals` runs at ``setup("fit")``: a missing name the callback cannot
+work without (``required``) is an :class:`~autockpt_core.AutockptError` naming it before
+anything trains; any other missing name is one
+:class:`~autockpt_core.ResumeNotExactWarning` (or, where exactness is not at stake, a log
+warning) that says what is off without it, and the callers degrade: no sampler positions, no
+carried prefetched batch, no SIGTERM take-over, no SLURM requeue warning.
+
+Checked against Lightning 2.5.1 (the oldest supported release) and 2.6.6. The canaries in
+``tests/compat/test_lightning_internals.py`` check every name on the installed release
+(``python -m pytest tests/compat``); run them against a new Lightning before raising the
+tested range in the README.
+
+Threading: read-only lookups, on the thread of the hook that calls them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+
+from autockpt_core import AutockptError, ResumeNotExactWarning
+
+log = logging.getLogger("autockpt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Internal:
+    """One private Lightning attribute: the class that holds it, its name, what autockpt loses
+    without it, and whether autockpt can run at all without it."""
+
+    owner: str
+    attr: str
+    needed_for: str
+    required: bool = False
+    exactness: bool = True  # without it a resume may not be exact (a ResumeNotExactWarning)
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner}.{self.attr}"
+
+
+INTERNALS: dict[str, Internal] = {
+    "checkpoint_connector": Internal("Trainer", "_checkpoint_connector", "writing and restoring checkpoints", True),
+    "loaded_checkpoint": Internal(
+        "_CheckpointConnector", "_loaded_checkpoint", "telling fit()'s ckpt_path from an auto-resume", True
+    ),
+    "restore_modules_and_callbacks": Internal(
+        "_CheckpointConnector", "_restore_modules_and_callbacks", "auto-resume", True
+    ),
+    "combined_loader": Internal(
+        "_FitLoop", "_combined_loader", "the train loaders' sampler positions and the checks of their exactness"
+    ),
+    "data_fetcher": Internal(
+        "_FitLoop", "_data_fetcher", "the batch fetched ahead of an unsized loader and the validation ahead"
+    ),
+    "ready_batches_reached": Internal(
+        "_TrainingEpochLoop", "_num_ready_batches_reached", "deferring a checkpoint from an epoch's last batch"
+    ),
+    "should_check_val": Internal(
+        "_TrainingEpochLoop", "_should_check_val_fx", "deferring a checkpoint from right before validation"
+    ),
+    "wrapped_sampler": Internal(
+        "_DatasetSamplerWrapper", "_sampler", "the check of a shuffling sampler Lightning wraps for DDP"
+    ),
+    "signal_connector": Internal("Trainer", "_signal_connector", "taking SIGTERM over from Lightning", exactness=False),
+    "sigterm_notifier": Internal(
+        "_SignalConnector", "_sigterm_notifier_fn", "taking SIGTERM over from Lightning", exactness=False
+    ),
+    "original_handlers": Internal(
+        "_SignalConnector", "_original_handlers", "putting back the signal handlers found at fit()'s start",
+        exactness=False,
+    ),
+    "accelerator_connector": Internal(
+        "Trainer", "_accelerator_connector", "the warning about Lightning's SLURM auto-requeue", exactness=False
+    ),
+    "metadata_filename": Internal(
+        "lightning.fabric.utilities.load", "_METADATA_FILENAME", "sharded checkpoints Lightning loads", True
+    ),
+    "save_distributed_checkpoint": Internal(
+        "ModelParallelStrategy", "_save_distributed_checkpoint", "refusing save_distributed_checkpoint=False",
+        exactness=False,
+    ),
+}
+
+_MISSING = object()
+
+
+def read(obj: Any, key: str) -> Any | None:
+    """``obj``'s attribute for ``INTERNALS[key]``; None where this Lightning has no such name."""
+    value = getattr(obj, INTERNALS[key].attr, _MISSING)
+    return None if value is _MISSING else value
+
+
+def has(obj: Any, key: str) -> bool:
+    return getattr(obj, INTERNALS[key].attr, _MISSING) is not _MISSING
+
+
+# -- the adapter's accessors ---------------------------------------------------------------------
+
+
+def checkpoint_connector(trainer: pl.Trainer) -> Any:
+    """The trainer's checkpoint connector (required: :func:`check_internals` refused a fit without it)."""
+    return read(trainer, "checkpoint_connector")
+
+
+def user_checkpoint_loaded(connector: Any) -> bool:
+    """fit() got a ``ckpt_path`` (argument or ``trainer.ckpt_path``) and Lightning loaded it."""
+    return bool(read(connector, "loaded_checkpoint"))
+
+
+def restore_modules_and_callbacks(connector: Any) -> Any:
+    """The connector's bound ``_restore_modules_and_callbacks(path[, weights_only])``."""
+    return read(connector, "restore_modules_and_callbacks")
+
+
+def restore_function(connector: Any) -> Any:
+    """The same method on the connector's class (its signature, past a profiler's wrapper)."""
+    return read(type(connector), "restore_modules_and_callbacks")
+
+
+def combined_loader(trainer: pl.Trainer) -> Any | None:
+    """The fit loop's ``CombinedLoader`` of the train loaders (None before ``setup_data``, or missing)."""
+    return read(trainer.fit_loop, "combined_loader")
+
+
+def data_fetcher(trainer: pl.Trainer) -> Any | None:
+    """The fit loop's data fetcher (None before ``setup_data``, or missing)."""
+    return read(trainer.fit_loop, "data_fetcher")
+
+
+def at_epochs_last_batch(trainer: pl.Trainer) -> bool | None:
+    """The epoch loop has fetched its last batch; None where this Lightning cannot say."""
+    reached = read(trainer.fit_loop.epoch_loop, "ready_batches_reached")
+    return None if reached is None else bool(reached())
+
+
+def validation_next(trainer: pl.Trainer, fetcher: Any) -> bool | None:
+    """A validation run follows this batch; None where this Lightning cannot say."""
+    should_check = read(trainer.fit_loop.epoch_loop, "should_check_val")
+    return None if should_check is None else bool(should_check(fetcher))
+
+
+def wrapped_sampler(dataset: Any) -> Any:
+    """The sampler a ``DistributedSamplerWrapper``'s dataset wraps; :data:`UNKNOWN` where missing."""
+    value = getattr(dataset, INTERNALS["wrapped_sampler"].attr, _MISSING)
+    return UNKNOWN if value is _MISSING else value
+
+
+UNKNOWN = object()
+"""Returned by :func:`wrapped_sampler` where this Lightning keeps the wrapped sampler elsewhere."""
+
+
+def signal_connector(trainer: pl.Trainer) -> Any | None:
+    return read(trainer, "signal_connector")
+
+
+def cluster_environment(trainer: pl.Trainer) -> Any | None:
+    connector = read(trainer, "accelerator_connector")
+    return None if connector is None else getattr(connector, "cluster_environment", None)
+
+
+def metadata_filename() -> str:
+    """The file of a sharded checkpoint that holds everything but the tensors (required with
+    ``ModelParallelStrategy``: :func:`check_internals` refused a sharded fit without it)."""
+    from lightning.fabric.utilities import load
+
+    return str(read(load, "metadata_filename"))
+
+
+def saves_distributed_checkpoint(strategy: Any) -> bool | None:
+    """``ModelParallelStrategy(save_distributed_checkpoint=...)``; None where this Lightning cannot say."""
+    value = read(strategy, "save_distributed_checkpoint")
+    return None if value is None else bool(value)
+
+
+# -- at setup("fit") ------------------------------------------------------------------------------
+
+
+def missing(trainer: pl.Trainer) -> list[Internal]:
+    """The internals this trainer's Lightning lacks, of those that exist before the fit runs
+    (the strategy's only for ``ModelParallelStrategy``; the sampler wrapper's is checked where
+    it is used)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    holders: list[tuple[Any, tuple[str, ...]]] = [
+        (trainer, ("checkpoint_connector", "signal_connector", "accelerator_connector")),
+        (trainer.fit_loop, ("combined_loader", "data_fetcher")),
+        (trainer.fit_loop.epoch_loop, ("ready_batches_reached", "should_check_val")),
+    ]
+    connector = read(trainer, "checkpoint_connector")
+    if connector is not None:
+        holders.append((connector, ("loaded_checkpoint", "restore_modules_and_callbacks")))
+    signals = read(trainer, "signal_connector")
+    if signals is not None:
+        holders.append((signals, ("sigterm_notifier", "original_handlers")))
+    if isinstance(trainer.strategy, ModelParallelStrategy):
+        from lightning.fabric.utilities import load
+
+        holders += [(trainer.strategy, ("save_distributed_checkpoint",)), (load, ("metadata_filename",))]
+    return [INTERNALS[key] for obj, keys in holders for key in keys if not has(obj, key)]
+
+
+def check_internals(trainer: pl.Trainer) -> None:
+    """At ``setup("fit")``: refuse a Lightning without a required internal, naming it; say what
+    is off without any other (one warning)."""
+    gone = missing(trainer)
+    if not gone:
+        return
+    release = f"Lightning {pl.__version__}"
+    fix = ("Fix: install a Lightning release the README's 'Supported versions' lists, and report "
+           "this release (the canaries: python -m pytest tests/compat).")
+    required = [i for i in gone if i.required]
+    if required:
+        names = "; ".join(f"{i.label} ({i.needed_for})" for i in required)
+        raise AutockptError(f"autockpt cannot run on {release}: it has no {names}. {fix}")
+    inexact = [i for i in gone if i.exactness]
+    if inexact:
+        names = "; ".join(f"{i.label}: {i.needed_for}" for i in inexact)
+        warnings.warn(
+            f"autockpt: {release} has no {names}. Resuming mid-epoch may not be exact without it. {fix}",
+            ResumeNotExactWarning,
+            stacklevel=3,
+        )
+    for i in gone:
+        if not i.exactness:
+            log.warning("autockpt: %s has no %s; off without it: %s", release, i.label, i.needed_for)
