@@ -129,6 +129,7 @@ class CallbackSettings:
         mirror_preempt_wait: float | str = _D["mirror_preempt_wait"],
         mirror_takeover: bool = _D["mirror_takeover"],
         allow_pickle: bool = _D["allow_pickle"],
+        status_file: bool = _D["status_file"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,

@@ -46,7 +46,7 @@ class CheckpointStore:
     process started at ``open()`` imports ``persist_modules`` ahead of the first checkpoint
     (``resume_record`` opens without starting it: the next ``open()``, at train start, does).
     ``gpu``: the adapter would pin its buffers (then "auto" keeps the writer thread).
-    ``on_persisted(seconds)`` is called on the writer thread after each commit.
+    ``on_persisted(record, seconds)`` is called on the writer thread after each commit.
     """
 
     def __init__(
@@ -61,7 +61,7 @@ class CheckpointStore:
         shared_buffers: Callable[[SharedArena], BufferPool[Any]] | None,
         persist_modules: tuple[str, ...],
         gpu: bool,
-        on_persisted: Callable[[float], None],
+        on_persisted: Callable[[CheckpointRecord, float], None],
     ) -> None:
         self.config = config
         self.framework = framework
@@ -273,7 +273,7 @@ class CheckpointStore:
         return read_manifest(self.storage)
 
     def _persisted(self, record: CheckpointRecord, seconds: float) -> None:
-        self._on_persisted(seconds)
+        self._on_persisted(record, seconds)
         if self.mirror is not None:
             self.mirror.submit(record)
 

@@ -114,6 +114,9 @@ class Config:
             so whoever can write ``dirpath`` or the mirror cannot run code on the training
             nodes. Turn it on only if you trust everyone who can. Keras checkpoints hold no
             pickles (safetensors and JSON). See ``docs/reliability.md``, "Trust".
+        status_file: Keep ``dirpath/autockpt-status.json`` current (a local ``dirpath``): the
+            state, the step, the last durable step, the work at risk and what an emergency
+            checkpoint takes, for a scheduler (``autockpt status DIR``). Default True.
     """
 
     dirpath: str
@@ -144,6 +147,7 @@ class Config:
     mirror_preempt_wait: float = 60.0
     mirror_takeover: bool = False
     allow_pickle: bool = False
+    status_file: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -192,7 +196,7 @@ class Config:
                 raise ConfigError(name, None, "must be a duration", f"pass seconds or a string like {example}")
         set_(self, "warmup_steps", _check_int("warmup_steps", self.warmup_steps, minimum=0))
         set_(self, "profile_window", _check_int("profile_window", self.profile_window, minimum=3))
-        for name in ("async_persist", "resume", "adaptive", "verbose", "mirror_takeover", "allow_pickle"):
+        for name in ("async_persist", "resume", "adaptive", "verbose", "mirror_takeover", "allow_pickle", "status_file"):
             set_(self, name, _check_bool(name, getattr(self, name)))
         if self.schedule not in SCHEDULES:
             raise ConfigError(

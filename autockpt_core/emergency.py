@@ -38,6 +38,7 @@ def commit_emergency(
     path = None
     if session is not None:
         session.writer.wait()  # durable and listed in dirpath's manifest before we go on
+        session.report_status("preempted", step)
         record = session.writer.last_record
         path = location_of(session.storage, record.name) if record is not None else None
         mirror = session.mirror

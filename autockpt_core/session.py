@@ -68,7 +68,9 @@ from .policy.adjusters import adjusters_from_config
 from .policy.checkpoint_cost import CheckpointCost, CostMeter
 from .policy.overhead_meter import Overhead
 from .policy.rank_timing import RankTimes
+from .persist import CheckpointRecord
 from .run_ledger import RunLedger
+from .run_status import STATUS_NAME, StatusFile
 from .snapshot import PendingCopy, Snapshot, SnapshotFn
 from .store_parts import StoreParts
 from .summary import RunSummary
@@ -128,6 +130,8 @@ class CheckpointSession(StoreParts):
         self._cost = CostMeter()
         self._on_cost = on_checkpoint_cost
         self.clock_note: str | None = None  # the adapter's: costs read on the host's clock only (summary)
+        self._finishing = False  # finish() closes: the status file says "finished", else "failed"
+        self.status = StatusFile(self.storage.local_path(STATUS_NAME) if config.status_file else None)
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -141,7 +145,12 @@ class CheckpointSession(StoreParts):
         try:
             self.before_update()
         finally:
-            self.store.close(wait_for_mirror)
+            closed = False
+            try:
+                self.store.close(wait_for_mirror)
+                closed = True
+            finally:
+                self.status.end("finished" if closed and self._finishing else "failed")
 
     # -- training loop ----------------------------------------------------------------------
 
@@ -204,7 +213,15 @@ class CheckpointSession(StoreParts):
         (:attr:`Decision.next_step`, :attr:`Decision.next_time`)."""
         decision = self.policy.decide(step, now, self.profiler.step_reading(), self.store.writer.busy, observe=False)
         self.last_decision = decision
+        self.report_status("training", step)
         return decision
+
+    def report_status(self, state: str, step: int) -> None:
+        """Bring the status file (:mod:`.run_status`) up to ``state`` at ``step`` (training thread)."""
+        if self.status.due(state):  # several processes decide at every step: the estimates only then
+            decision = self.last_decision
+            self.status.report(state, step, run=self.store.run, estimates=self.profiler.estimates(),
+                               next_step=decision.next_step if decision is not None else None)
 
     def hook_time(self, seconds: float, steps: int = 1) -> None:
         """autockpt's own work in the hooks of the ``steps`` steps :meth:`record_steps` just
@@ -273,6 +290,7 @@ class CheckpointSession(StoreParts):
             file_set=snap.file_set,
         )
         store.writer.submit(job)
+        self.report_status("checkpointing", step)
         stall = self.clock() - start
         paid = max(0.0, stall - snap.hidden_s)  # the drain of a device's queue cost the training nothing
         recurring = max(0.0, paid - snap.setup_s)  # what every checkpoint pays
@@ -329,12 +347,12 @@ class CheckpointSession(StoreParts):
             self.ledger.stalled(waited)
         return waited
 
-    def _on_persisted(self, seconds: float) -> None:  # the writer thread, after each commit
+    def _on_persisted(self, record: CheckpointRecord, seconds: float) -> None:  # the writer thread, after each commit
         self._persist_done_at = self.clock()
         self.profiler.record_persist(seconds)
+        self.status.durable(record.step, record.created)
 
-    def _report_cost(self) -> None:
-        """Hand the measured cost of the checkpoint being measured to ``on_checkpoint_cost``."""
+    def _report_cost(self) -> None:  # the measured checkpoint's cost to ``on_checkpoint_cost``
         cost = self._cost.finish()
         if cost is not None and self._on_cost is not None:
             self._on_cost(cost)
@@ -343,6 +361,7 @@ class CheckpointSession(StoreParts):
         """:meth:`close`, then summarise the run; the wait for the last persist counts as
         blocked time (the training process waits for it before it can end)."""
         start = self.clock()
+        self._finishing = True
         try:
             self.close(wait_for_mirror)
         finally:

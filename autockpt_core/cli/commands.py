@@ -4,6 +4,7 @@
 ``autockpt inspect DIR``  list the checkpoints in DIR with step, time, size and checksum status.
 ``autockpt plan``         the checkpoint interval each policy gives for stated costs, and autockpt's choice.
 ``autockpt simulate``     compare checkpoint policies under simulated failures (table and PNG plot).
+``autockpt status DIR``   what stopping the job that writes DIR would cost now (its status file).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 from . import inspect as cli_inspect
 from . import plan as cli_plan
 from . import simulate as cli_simulate
+from . import status as cli_status
 
 # name -> (register arguments, run, help)
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
@@ -22,6 +24,7 @@ COMMANDS: dict[str, Command] = {
     "inspect": (cli_inspect.add_arguments, cli_inspect.run, cli_inspect.HELP),
     "plan": (cli_plan.add_arguments, cli_plan.run, cli_plan.HELP),
     "simulate": (cli_simulate.add_arguments, cli_simulate.run, cli_simulate.HELP),
+    "status": (cli_status.add_arguments, cli_status.run, cli_status.HELP),
 }
 
 

@@ -23,6 +23,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from autockpt_core.run_status import read_status
+
 BATCH = 8
 FEATURES = 8
 
@@ -38,6 +40,7 @@ class FitResult:
     event_reasons: list[str]
     event_epochs: list[int]
     warnings: list[warnings.WarningMessage]  # every warning raised during fit()
+    statuses: list[dict[str, Any] | None]  # dirpath's status file after each batch (None: none yet)
 
 
 def _data(batches: int, nonfinite_last_batch: float | None) -> tuple[np.ndarray, np.ndarray]:
@@ -81,7 +84,11 @@ class LightningFits:
             def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
                 self.start = trainer.global_step
 
+            def on_train_batch_end(self, *args: Any) -> None:
+                statuses.append(read_status(dirpath))
+
         x, y = _data(batches, nonfinite_last_batch)
+        statuses: list[dict[str, Any] | None] = []
         torch.manual_seed(0)
         auto = self.module.AutoCheckpoint(dirpath, **callback_kwargs)
         count = Count()
@@ -93,7 +100,7 @@ class LightningFits:
             loader = StatefulDataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH)
             trainer.fit(TinyModel(), train_dataloaders=loader)
         start = count.start if count.start is not None else trainer.global_step  # None: no epoch left
-        return _result(auto, start, trainer.global_step, caught)
+        return _result(auto, start, trainer.global_step, caught, statuses)
 
 
 class KerasFits:
@@ -134,6 +141,9 @@ class KerasFits:
             def on_train_begin(self, logs: Any = None) -> None:
                 self.start = int(self.model.optimizer.iterations.numpy())
 
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                statuses.append(read_status(dirpath))
+
         keras.utils.set_random_seed(0)
         model = keras.Sequential(
             [
@@ -145,12 +155,13 @@ class KerasFits:
         )
         model.compile(optimizer=keras.optimizers.Adam(0.01, name="adam"), loss="mse")
         x, y = _data(batches, nonfinite_last_batch)
+        statuses: list[dict[str, Any] | None] = []
         auto = module.AutoCheckpoint(dirpath, **callback_kwargs)
         count = Count()
         with recording() as caught:
             model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=[auto, count])
         end = int(model.optimizer.iterations.numpy())
-        return _result(auto, count.start if count.start is not None else end, end, caught)
+        return _result(auto, count.start if count.start is not None else end, end, caught, statuses)
 
 
 @contextlib.contextmanager
@@ -163,7 +174,8 @@ def recording() -> Iterator[list[warnings.WarningMessage]]:
         yield caught
 
 
-def _result(auto: Any, start: int, end: int, caught: list[warnings.WarningMessage]) -> FitResult:
+def _result(auto: Any, start: int, end: int, caught: list[warnings.WarningMessage],
+            statuses: list[dict[str, Any] | None]) -> FitResult:
     return FitResult(
         callback=auto,
         start_step=start,
@@ -172,6 +184,7 @@ def _result(auto: Any, start: int, end: int, caught: list[warnings.WarningMessag
         event_reasons=[e.reason for e in auto.events],
         event_epochs=[e.epoch for e in auto.events],
         warnings=list(caught),
+        statuses=statuses,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from autockpt_core import read_manifest, storage_for
+from autockpt_core.run_status import KEYS, read_status
 from tests.contract.fits import ADAPTERS
 from tests.fault import harness
 
@@ -53,6 +54,24 @@ def test_final_checkpoint_is_at_the_last_trained_step_and_latest_checkpoint_poin
     assert newest.step == result.end_step and newest.meta["reason"] == "end of training"
     assert (result.event_steps[-1], result.event_reasons[-1]) == (result.end_step, "end of training")
     assert fits.module.latest_checkpoint(dirpath) == str(dirpath / newest.name)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("adapter", BOTH)
+def test_the_status_file_follows_the_run_and_says_finished_at_its_end(tmp_path: Path, adapter: str) -> None:
+    """``dirpath/autockpt-status.json`` read after every batch: training (or checkpointing) with
+    the step, the last durable step and the next planned one; ``finished`` after the fit."""
+    fits = ADAPTERS[adapter]
+    dirpath = tmp_path / "ck"
+    result = fits.fit(dirpath, epochs=2, every_n_steps=3, warmup_steps=0, verbose=False)
+    during = [s for s in result.statuses if s is not None and s["last_durable_step"] is not None]
+    assert during and set(KEYS) <= set(during[-1]), result.statuses
+    assert all(s["state"] in ("training", "checkpointing") for s in during), during
+    # step 9's checkpoint waits for step 6's persist: 6 is durable by then (9 may still be in flight)
+    assert max(s["last_durable_step"] for s in during) in (6, 9) and during[-1]["pid"] == os.getpid()
+    assert any(s["next_checkpoint_step"] == 12 for s in during), during  # every 3 steps
+    after = read_status(dirpath)
+    assert after is not None and (after["state"], after["last_durable_step"]) == ("finished", result.end_step)
 
 
 @pytest.mark.integration
@@ -111,6 +130,8 @@ def test_sigterm_exits_143_after_a_checkpoint_of_its_step_and_a_rerun_resumes_fr
     assert newest.step == 15, context  # not a multiple of 4: the emergency checkpoint
     assert newest.meta["reason"] == "preempted by SIGTERM", context
     assert "autockpt: SIGTERM received; checkpoint of step 15 committed" in stopped.output, context
+    status = read_status(dirpath)
+    assert status is not None and (status["state"], status["last_durable_step"]) == ("preempted", 15), status
 
     rerun = harness.run_once(fits.script, dirpath, out, None, extra_args=args)
     context = rerun.describe() + "\n" + rerun.output[-3000:]
@@ -119,6 +140,7 @@ def test_sigterm_exits_143_after_a_checkpoint_of_its_step_and_a_rerun_resumes_fr
     # From step 15 the rerun checkpoints at 16, 20 and 24 (from scratch it would take 6).
     assert "autockpt: 3 checkpoints," in rerun.output, context
     assert steps(dirpath)[-1] == 24, context
+    assert read_status(dirpath)["state"] == "finished"  # type: ignore[index]
 
 
 @pytest.mark.integration

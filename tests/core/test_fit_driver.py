@@ -54,9 +54,13 @@ class FakeSession:
         self.recorded: list[list[int]] = []  # the steps of each record_steps call
         self.next_step: int | None = None
         self.clock = time.perf_counter
+        self.statuses: list[tuple[str, int]] = []  # report_status calls (the emergency's "preempted")
 
     def preparing(self) -> bool:
         return self.step in self.prefaulting
+
+    def report_status(self, state: str, step: int) -> None:
+        self.statuses.append((state, step))
 
     def hook_time(self, seconds: float, steps: int = 1) -> None:
         self.hook_times.append(seconds)
@@ -300,7 +304,7 @@ def test_nothing_trained_takes_no_final_checkpoint_and_says_nothing_was_left(
 def test_a_signal_commits_a_checkpoint_of_its_step_then_exits(
     tmp_path: Path, signals_wait: bool, unclean: tuple[int, ...], expected: list[tuple[int, str]]
 ) -> None:
-    driver, _, taker, handler = make(tmp_path, signals_wait=signals_wait)
+    driver, session, taker, handler = make(tmp_path, signals_wait=signals_wait)
     driver.begin(0)
     run_steps(driver, range(1, 3))
     handler.signum = TERM
@@ -311,6 +315,7 @@ def test_a_signal_commits_a_checkpoint_of_its_step_then_exits(
     assert asked == list(range(3, expected[0][0] + 1))  # a signal came: asked at every step until it ends
     assert (stopped.value.signum, stopped.value.step) == (TERM, expected[0][0])
     assert driver.preempted is not None and driver.preempted.step == expected[0][0]
+    assert session.statuses == [("preempted", expected[0][0])]  # the status file says so, once committed
 
 
 def test_a_signal_at_a_due_checkpoint_takes_one_checkpoint(tmp_path: Path) -> None:

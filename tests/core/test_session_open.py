@@ -18,6 +18,7 @@ from autockpt_core import (
     read_manifest,
 )
 from autockpt_core.persist.lock import LOCK_NAME
+from autockpt_core.run_status import STATUS_NAME
 from tests.faults import FailingStorage
 
 COMPAT_KERAS = Path(__file__).parents[1] / "compat" / "data" / "v0.1-flat-core" / "keras"
@@ -90,7 +91,7 @@ def test_the_probe_leaves_only_the_lock_file_and_finish_removes_it(tmp_path: Pat
     session.start(0)
     assert os.listdir(tmp_path / "new" / "dir") == [LOCK_NAME]
     session.finish()
-    assert os.listdir(tmp_path / "new" / "dir") == []
+    assert os.listdir(tmp_path / "new" / "dir") == [STATUS_NAME]  # "finished", nothing durable
 
 
 def test_a_fresh_session_starts_a_new_run_and_a_resumed_one_continues_it(tmp_path: Path) -> None:

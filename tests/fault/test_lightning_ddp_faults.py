@@ -86,6 +86,7 @@ def test_a_sharded_write_that_fails_on_rank_1_only_stops_every_rank_with_its_mes
     assert [r.step for r in read_manifest(storage_for(tmp_path / "ck"))] == [5]
     assert sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.startswith(".autockpt-lock")) == [
         "autockpt-manifest.json",
+        "autockpt-status.json",
         "ckpt-step000000005.ckpt",
     ]
 

@@ -268,7 +268,8 @@ def test_storage_failure_surfaces_in_training_thread_and_keeps_previous(results:
     assert failure["event_steps"] == [2, 4, 6]
     assert failure["latest"].endswith("ckpt-step000000004.safetensors")
     assert failure["files"] == [
-        "autockpt-manifest.json", "ckpt-step000000002.safetensors", "ckpt-step000000004.safetensors",
+        "autockpt-manifest.json", "autockpt-status.json", "ckpt-step000000002.safetensors",
+        "ckpt-step000000004.safetensors",
     ]
 
 

@@ -397,6 +397,7 @@ def test_persist_failure_raises_in_training_thread_and_keeps_previous_checkpoint
     assert latest_checkpoint(tmp_path / "ck") == str(step_file(tmp_path / "ck", 5))
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
         "autockpt-manifest.json",
+        "autockpt-status.json",
         "ckpt-step000000005.ckpt",
     ]  # the partial file was removed
 

@@ -55,6 +55,7 @@ def test_ddp_two_processes_rank_zero_writes_and_both_resume(tmp_path: Path) -> N
     names = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert names == [
         "autockpt-manifest.json",
+        "autockpt-status.json",
         "ckpt-step000000015.ckpt",
         "ckpt-step000000020.ckpt",
         "ckpt-step000000022.ckpt",

@@ -252,6 +252,7 @@ def test_storage_error_stops_training_clearly_and_keeps_older_checkpoints(
     assert hint in str(info.value) and "ckpt-step000000009.ckpt" in str(info.value)
     assert sorted(p.name for p in ckpts.iterdir()) == [
         "autockpt-manifest.json",
+        "autockpt-status.json",
         "ckpt-step000000003.ckpt",
         "ckpt-step000000006.ckpt",
     ]  # no temporary or partial file; nothing older deleted

@@ -99,6 +99,7 @@ def test_a_failing_fill_leaves_no_directory_and_the_previous_checkpoint_newest(t
     s.close()
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".autockpt-lock")) == [
         MANIFEST_NAME,
+        "autockpt-status.json",
         "ckpt-step000000002.ckpt",
     ]
     assert [r.step for r in read_manifest(LocalStorage(tmp_path))] == [2]

@@ -72,7 +72,8 @@ def test_a_resume_removes_unlisted_checkpoint_files_and_temporaries_only(tmp_pat
     record = s.resume_record()
     assert record is not None and record.step == 2
     listed = sorted(r.name for r in read_manifest(s.storage))
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*listed, *KEPT, LOCK_NAME, "autockpt-manifest.json"])
+    kept = [*listed, *KEPT, LOCK_NAME, "autockpt-manifest.json", "autockpt-status.json"]  # status: steps 1-2's session
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
     s.start(2)
     s.save(3, 0, lambda pool: Snapshot(write=lambda f: f.write(b"new"), nbytes=3))
     assert s.records()[-1].name == "ckpt-step000000003.st"  # the orphan's name is free again
