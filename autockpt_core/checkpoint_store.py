@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .config import Config
 from .persist import BufferPool, CheckpointRecord, CheckpointWriter, Storage, find_latest_valid, read_manifest
-from .persist.directory import open_directory
+from .persist.directory import Held, open_directory
 from .persist.file_set import new_staging_directory
 from .persist.manifest import warn_skipped
 from .persist.mirror import Mirror
@@ -113,6 +113,7 @@ class CheckpointStore:
         self._opened = False
         self._process_started = False
         self._release: weakref.finalize | None = None
+        self._held: Held | None = None
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class CheckpointStore:
         )  # fmt: skip
         self._opened = True
         self._release = weakref.finalize(self, held.release)
+        self._held = held
 
     def close(self, wait_for_mirror: bool = True) -> None:
         """Wait for the writer and the mirror (re-raising their errors), then release the host
@@ -159,7 +161,13 @@ class CheckpointStore:
                 self._process.close()  # a later open() starts it again
             if self._release is not None:
                 self._release()  # held.release(), once
-            self._release, self._opened, self._process_started = None, False, False
+            self._release, self._held, self._opened, self._process_started = None, None, False, False
+
+    def exit_within(self, seconds: float) -> None:
+        """A preempted job must exit within ``seconds``: :meth:`close` gives the mirror's claim
+        no longer to be removed (training thread)."""
+        if self._held is not None:
+            self._held.exit_within(seconds)
 
     def wait_for_persist_process(self, timeout: float = 60.0) -> bool:
         """Block until the persist process is ready; True at once without one."""

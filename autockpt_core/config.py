@@ -103,7 +103,13 @@ class Config:
         mirror_preempt_wait: How long an emergency checkpoint (preemption) waits for the mirror
             once it is committed in ``dirpath`` (seconds or "60s"); an older upload still running
             is abandoned first, so this one goes next. The run exits with 128 + signal whether
-            the upload finished or not; the message says which tier holds what. Default "60s".
+            the upload finished or not; the message says which tier holds what. Default None:
+            what is left of ``grace_period`` after the local commit, less 2 s to exit.
+        grace_period: Seconds from a preemption signal to the scheduler's SIGKILL (or "30s"):
+            Kubernetes' and GCE's 30 s, Slurm's ``--signal=TERM@N`` N. The mirror's wait in an
+            emergency fits inside it, the message says how much of it the commit took, and
+            autockpt warns once when a measured checkpoint (stall plus persist) would not fit.
+            Default "30s".
         mirror_takeover: Take a URL mirror's claim from a run that still renews it (that
             run stops uploading at its next heartbeat, with ``MirrorWriteError``). Off by
             default: a live claim refuses the second run, naming the holder. For a job that
@@ -144,10 +150,11 @@ class Config:
     mirror_max_failures: int | None = None
     mirror_max_outage: float = 1800.0
     mirror_stall_timeout: float = 120.0
-    mirror_preempt_wait: float = 60.0
+    mirror_preempt_wait: float | None = None
     mirror_takeover: bool = False
     allow_pickle: bool = False
     status_file: bool = True
+    grace_period: float = 30.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -189,7 +196,8 @@ class Config:
                 "set mirror='s3://bucket/run' (or another URL or directory), or drop mirror_keep_last",
             )
         set_(self, "mirror_max_failures", _check_optional_positive_int("mirror_max_failures", self.mirror_max_failures))
-        durations = (("mirror_max_outage", "'30min'"), ("mirror_stall_timeout", "'2min'"), ("mirror_preempt_wait", "'60s'"))
+        set_(self, "mirror_preempt_wait", _check_optional_duration("mirror_preempt_wait", self.mirror_preempt_wait, "'60s'"))
+        durations = (("mirror_max_outage", "'30min'"), ("mirror_stall_timeout", "'2min'"), ("grace_period", "'30s'"))
         for name, example in durations:
             set_(self, name, _check_optional_duration(name, getattr(self, name), example))
             if getattr(self, name) is None:

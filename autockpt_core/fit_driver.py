@@ -421,7 +421,8 @@ class FitDriver:
         error: BaseException | None = None
         try:
             self.preempted = commit_emergency(
-                self.session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose
+                self.session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose,
+                received_at=getattr(self._signals, "received_at", None),  # None: another process's signal
             )
         except Exception as exc:  # not committed: every process stops with it
             error = exc

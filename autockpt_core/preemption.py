@@ -135,11 +135,13 @@ class Preempted(SystemExit):
 
 @dataclasses.dataclass(frozen=True)
 class PreemptionRecord:
-    """The emergency checkpoint an adapter took after a signal: its step, the signal and the file."""
+    """The emergency checkpoint an adapter took after a signal: its step, the signal, the file,
+    and the seconds from the signal to the checkpoint's commit (None: nothing was written)."""
 
     step: int
     signal: str
     path: str | None
+    durable_s: float | None = None
 
 
 class PreemptionHandler:
@@ -172,6 +174,11 @@ class PreemptionHandler:
     def requested(self) -> bool:
         """True once one of the signals arrived (until ``clear``)."""
         return self.signum is not None
+
+    @property
+    def received_at(self) -> float | None:
+        """``time.monotonic()`` when the signal being acted on arrived (None: none yet)."""
+        return None if self.signum is None else self._first_at
 
     @property
     def signal_name(self) -> str | None:

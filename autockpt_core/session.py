@@ -37,15 +37,14 @@ Adapters only translate framework hooks into these calls (training thread, in th
    copy (CheckFreq's rule: the weights may not change before the snapshot holds them). The
    wait counts as stall. The writer thread waits for the copy before it serializes.
 5. ``finish()`` at the end: waits for the last persist, releases the host buffers and the
-   directory lock (also when it raises) and returns the :class:`RunSummary`. ``close()``
-   does the same without the summary (idempotent: for failure paths). A session that is
-   garbage-collected unreleased releases its lock then; a process that dies releases it at once.
+   directory lock (also when it raises) and returns the :class:`RunSummary`; ``close()``
+   without the summary (idempotent: failure paths). An unreleased session releases its lock
+   when collected; a process that dies releases it at once.
 
-Preemption: at the step boundary after a signal, ``save(...)`` (unless ``saved_step``
-already is this step), then :func:`autockpt_core.emergency.commit_emergency`.
-
-Mirror (``config.mirror``): every committed checkpoint goes to the mirror thread
-(:mod:`autockpt_core.persist.mirror`); its lasting failures surface as ``MirrorWriteError``.
+Preemption: after a signal, ``save(...)`` (unless ``saved_step`` is this step), then
+:func:`autockpt_core.emergency.commit_emergency`. Mirror (``config.mirror``): committed
+checkpoints go to the mirror thread (:mod:`.persist.mirror`); lasting failures surface as
+``MirrorWriteError``. The status file (:mod:`.run_status`) follows decisions and commits.
 
 Background errors surface as :class:`CheckpointWriteError` from ``step_end``, ``save`` or
 ``finish``. The clock is injected (``clock``), so the whole engine runs in tests without a
@@ -70,6 +69,7 @@ from .policy.overhead_meter import Overhead
 from .policy.rank_timing import RankTimes
 from .persist import CheckpointRecord
 from .run_ledger import RunLedger
+from .grace_check import GraceCheck
 from .run_status import STATUS_NAME, StatusFile
 from .snapshot import PendingCopy, Snapshot, SnapshotFn
 from .store_parts import StoreParts
@@ -132,6 +132,7 @@ class CheckpointSession(StoreParts):
         self.clock_note: str | None = None  # the adapter's: costs read on the host's clock only (summary)
         self._finishing = False  # finish() closes: the status file says "finished", else "failed"
         self.status = StatusFile(self.storage.local_path(STATUS_NAME) if config.status_file else None)
+        self._grace = GraceCheck(config.grace_period)
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -307,6 +308,7 @@ class CheckpointSession(StoreParts):
         self._loaded_since_last_step = True
         self.ledger.stalled(paid)
         self.ledger.taken(step, job.name, snap.mode)
+        self._grace.check(self.profiler.estimates)  # once measured: warns if it would not fit grace_period
         return stall
 
     @property

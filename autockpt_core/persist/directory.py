@@ -36,6 +36,12 @@ class Held:
     lock: DirectoryLock | None
     mirror: DirectoryLock | MirrorClaim | None = None
 
+    def exit_within(self, seconds: float) -> None:
+        """The process must exit within ``seconds`` (a preemption): a mirror claim's removal at
+        :meth:`release` waits no longer than that."""
+        if isinstance(self.mirror, MirrorClaim):
+            self.mirror.release_wait_s = min(self.mirror.release_wait_s, max(0.0, seconds))
+
     def release(self) -> None:
         """Give both back (idempotent); the mirror's first, ``dirpath``'s also when that fails."""
         try:

@@ -126,6 +126,7 @@ class MirrorClaim:
         take_over: bool = False,
     ) -> None:
         self.storage = storage
+        self.release_wait_s = RELEASE_WAIT_S
         self._me = ProcessIdentity.current()
         self._take_over = take_over
         self.session = uuid.uuid4().hex
@@ -161,8 +162,8 @@ class MirrorClaim:
 
     def release(self) -> None:
         """Stop the heartbeat; delete the claim if it is still this session's, waiting at most
-        :data:`RELEASE_WAIT_S` (an unreachable store must not hold up the exit; the claim left
-        then expires). Idempotent."""
+        ``release_wait_s`` (:data:`RELEASE_WAIT_S`, less when a preempted job must exit sooner:
+        an unreachable store must not hold up the exit; the claim left then expires). Idempotent."""
         self._stop.set()
         _live_sessions.pop(self.session, None)
         thread, self._thread = self._thread, None
@@ -170,10 +171,10 @@ class MirrorClaim:
             return
         remover = threading.Thread(target=self._remove, name="autockpt-mirror-release", daemon=True)
         remover.start()
-        remover.join(RELEASE_WAIT_S)
+        remover.join(self.release_wait_s)
         if remover.is_alive():
-            log.warning("autockpt: the mirror claim %s/%s could not be removed within %.0fs; the next run "
-                        "takes it over once it is stale", self.storage.location, CLAIM_NAME, RELEASE_WAIT_S)  # fmt: skip
+            log.warning("autockpt: the mirror claim %s/%s could not be removed within %.1fs; the next run "
+                        "takes it over once it is stale", self.storage.location, CLAIM_NAME, self.release_wait_s)  # fmt: skip
 
     def _remove(self) -> None:
         with self._lock:  # after a heartbeat in flight

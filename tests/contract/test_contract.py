@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,6 +131,8 @@ def test_sigterm_exits_143_after_a_checkpoint_of_its_step_and_a_rerun_resumes_fr
     assert newest.step == 15, context  # not a multiple of 4: the emergency checkpoint
     assert newest.meta["reason"] == "preempted by SIGTERM", context
     assert "autockpt: SIGTERM received; checkpoint of step 15 committed" in stopped.output, context
+    took = re.search(r"committed \(.*\) (\d+\.\d) s after the signal \(grace_period 30 s\)", stopped.output)
+    assert took is not None and float(took.group(1)) < 30, context  # signal to durable, within the window
     status = read_status(dirpath)
     assert status is not None and (status["state"], status["last_durable_step"]) == ("preempted", 15), status
 

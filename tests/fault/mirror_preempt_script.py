@@ -20,9 +20,10 @@ from autockpt_core import CheckpointSession, Config, Preempted, PreemptionHandle
 from autockpt_core.emergency import commit_emergency
 
 
-def main(dirpath: str, mirror: str, endpoint: str) -> int:
+def main(dirpath: str, mirror: str, endpoint: str, grace: str | None = None) -> int:
+    wait: dict[str, Any] = {"mirror_preempt_wait": 3} if grace is None else {"grace_period": grace}
     config = Config(
-        dirpath=dirpath, mirror=mirror, every_n_steps=5, mirror_preempt_wait=3, verbose=True,
+        dirpath=dirpath, mirror=mirror, every_n_steps=5, verbose=True, **wait,
         storage_options={"endpoint_url": endpoint, "key": "testing", "secret": "testing",
                          "config_kwargs": {"connect_timeout": 2, "read_timeout": 60, "retries": {"max_attempts": 1}}},
     )  # fmt: skip
@@ -51,7 +52,8 @@ def main(dirpath: str, mirror: str, endpoint: str) -> int:
             if handler.requested:
                 if session.saved_step != step:
                     session.save(step, 0, snapshot, reason="preempted")
-                commit_emergency(session, step, handler.signum or 15, on_preempt="exit", verbose=True)
+                commit_emergency(session, step, handler.signum or 15, on_preempt="exit", verbose=True,
+                                 received_at=handler.received_at)
                 raise Preempted(handler.signum or 15, step)  # a SystemExit: exit status 128 + n
     finally:
         handler.uninstall()
@@ -60,4 +62,4 @@ def main(dirpath: str, mirror: str, endpoint: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+    sys.exit(main(*sys.argv[1:5]))

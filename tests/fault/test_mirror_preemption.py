@@ -28,10 +28,11 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("outage", ["killed", "stopped"])
+@pytest.mark.parametrize(("outage", "grace"), [("killed", None), ("stopped", None), ("stopped", "6s")])
 def test_a_preemption_with_the_mirror_down_commits_locally_and_exits_143_in_bounded_time(
-    tmp_path: Path, outage: str
+    tmp_path: Path, outage: str, grace: str | None
 ) -> None:
+    """``grace``: no ``mirror_preempt_wait``; the mirror gets what is left of ``grace_period``."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
     from tests.s3_server import S3Server
@@ -39,7 +40,8 @@ def test_a_preemption_with_the_mirror_down_commits_locally_and_exits_143_in_boun
     server = S3Server().start()
     dirpath = tmp_path / "fast"
     job = subprocess.Popen(
-        [sys.executable, "-m", "tests.fault.mirror_preempt_script", str(dirpath), server.url("run"), server.endpoint],
+        [sys.executable, "-m", "tests.fault.mirror_preempt_script", str(dirpath), server.url("run"), server.endpoint,
+         *([grace] if grace else [])],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: list[str] = []
@@ -78,3 +80,6 @@ def test_a_preemption_with_the_mirror_down_commits_locally_and_exits_143_in_boun
     newest = read_manifest(LocalStorage(dirpath))[-1]
     assert f"checkpoint of step {newest.step} committed" in said[0]  # the local tier holds it
     assert took < 20, f"{took:.1f}s to exit after SIGTERM"  # mirror_preempt_wait=3s, not an unbounded wait
+    if grace is not None:  # within the grace period: what the scheduler allows before SIGKILL
+        assert took < 6.0, f"{took:.1f}s to exit after SIGTERM, grace_period {grace}"
+        assert "s after the signal (grace_period 6 s)" in said[0] and "did not finish within" in said[0], said[0]
