@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, TypeVar, cast
 
 from .config import Config
+from .config_hints import unknown_setting, warn_ignored_with_every_n_steps
 from .errors import ConfigError
 from .persist.storage import Storage
 
@@ -42,6 +44,7 @@ def config_from_keywords(
     """
     values = {k: v for k, v in keywords.items() if k in CONFIG_DEFAULTS}
     if config is None:
+        warn_ignored_with_every_n_steps({k: v for k, v in values.items() if k in explicit}, stacklevel=4)
         if dirpath is None:
             raise ConfigError("dirpath", None, "is required", "pass AutoCheckpoint(dirpath='ckpts') or config=Config(...)")
         return Config(dirpath=os.fspath(dirpath), **values)
@@ -50,6 +53,7 @@ def config_from_keywords(
             "config", config, "is not an autockpt Config",
             "pass autockpt_core.Config(...) or use AutoCheckpoint.from_config(path)",
         )
+    warn_ignored_with_every_n_steps({k: v for k, v in values.items() if k in explicit}, stacklevel=4)
     # keep_last=3 overrides config.keep_last=5 even though 3 is the default
     changed = {k: v for k, v in values.items() if k in explicit}
     if dirpath is not None:
@@ -64,12 +68,18 @@ def records_explicit_keywords(init: _Init) -> _Init:
     """Decorate an adapter's ``__init__``: ``self._explicit_keywords`` = the keywords passed.
 
     So ``AutoCheckpoint(config=cfg, keep_last=3)`` can tell a keyword the user wrote from one
-    left at its default. ``functools.wraps`` keeps the signature visible to IDEs and
-    LightningCLI (``inspect.signature`` follows ``__wrapped__``).
+    left at its default. A keyword ``__init__`` does not take is a ``ConfigError`` naming it
+    with the closest one (as a misspelt key in a YAML file is), not Python's ``TypeError``.
+    ``functools.wraps`` keeps the signature visible to IDEs and LightningCLI
+    (``inspect.signature`` follows ``__wrapped__``).
     """
+    known = [name for name in inspect.signature(init).parameters if name != "self"]
 
     @functools.wraps(init)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in known:
+                raise unknown_setting(name, kwargs[name], known, f"is not a keyword of {type(self).__name__}")
         self._explicit_keywords = frozenset(kwargs)
         init(self, *args, **kwargs)
 

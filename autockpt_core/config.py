@@ -10,7 +10,6 @@ field, the value and the fix. Human units are accepted: ``overhead_budget="2%"``
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import numbers
 import os
@@ -19,6 +18,7 @@ from typing import Any, Mapping
 
 import tomllib
 
+from .config_hints import unknown_setting, warn_ignored_with_every_n_steps
 from .errors import ConfigError
 from .preemption import DEFAULT_SIGNALS, ON_PREEMPT, signal_names
 from .units import parse_duration, parse_fraction
@@ -252,9 +252,8 @@ class Config:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in merged:
             if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                fix = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(names)}"
-                raise ConfigError(key, merged[key], "is not an autockpt setting", fix)
+                raise unknown_setting(key, merged[key], names, "is not an autockpt setting")
+        warn_ignored_with_every_n_steps(merged, stacklevel=2)
         if "dirpath" not in merged:
             raise ConfigError("dirpath", None, "is required", "set dirpath to a directory, e.g. 'ckpts'")
         return cls(**merged)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from autockpt_core import read_manifest, storage_for
+from autockpt_core import ConfigError, read_manifest, storage_for
 from autockpt_core.run_status import KEYS, read_status
 from tests.contract.fits import ADAPTERS
 from tests.fault import harness
@@ -223,7 +223,7 @@ def test_from_config_with_overrides(tmp_path: Path, adapter: str, suffix: str) -
     )  # fmt: skip
     default = fits.module.AutoCheckpoint.from_config(path)
     assert default.save_on_train_end is True and default.config.keep_last == 7
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError, match="keep_lats=2: is not a keyword of AutoCheckpoint. Fix: did you mean 'keep_last'"):
         fits.module.AutoCheckpoint.from_config(path, keep_lats=2)  # a misspelt override is not ignored
 
 

@@ -71,3 +71,41 @@ def test_both_callbacks_take_the_same_keywords_and_read_files_the_same_way(tmp_p
         callback = adapter.from_config(path, save_on_train_end=False, every_n_steps=4)
         assert (callback.config.keep_last, callback.config.every_n_steps) == (2, 4)
         assert callback.save_on_train_end is False and callback.events == []
+
+
+@pytest.mark.parametrize(
+    ("keyword", "suggested"),
+    [("overhead_budjet", "overhead_budget"), ("dirpaht", "dirpath"), ("keeplast", "keep_last"), ("zzz", None)],
+)
+def test_a_misspelt_keyword_is_a_config_error_with_the_closest_name(keyword: str, suggested: str | None) -> None:
+    """The same answer a misspelt key in a YAML file gets (``Config.from_dict``), in both callbacks."""
+    for cls in [Recording, *adapters()]:
+        with pytest.raises(ConfigError) as info:
+            cls("ck", **{keyword: 0.02})
+        message = str(info.value)
+        assert info.value.field == keyword and f"is not a keyword of {cls.__name__}" in message
+        assert (f"did you mean {suggested!r}?" in message) if suggested else ("known: dirpath, overhead_budget" in message)
+
+
+@pytest.mark.parametrize(
+    ("given", "warned"),
+    [
+        ({"every_n_steps": 10, "overhead_budget": 0.05}, "overhead_budget=0.05 is not used"),
+        ({"every_n_steps": 10, "mtbf": "6h", "overhead_budget": "5%"}, "overhead_budget='5%' and mtbf='6h' are not used"),
+        ({"every_n_steps": 10}, None),
+        ({"overhead_budget": 0.05, "mtbf": "6h"}, None),
+    ],
+)
+def test_every_n_steps_warns_that_the_budget_given_with_it_is_not_used(given: dict[str, Any], warned: str | None) -> None:
+    import warnings
+
+    builds = [lambda: Recording("ck", **given), lambda: Config.from_dict({"dirpath": "ck", **given})]
+    for build in builds:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build()
+        messages = [(str(w.message), w.filename) for w in caught if "fixes the checkpoint interval" in str(w.message)]
+        if warned is None:
+            assert messages == []
+        else:
+            assert len(messages) == 1 and warned in messages[0][0] and messages[0][1] == __file__, messages
