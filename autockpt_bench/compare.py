@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autockpt_core.cli.args import budget, duration
@@ -30,6 +29,7 @@ from .bench import machine_info
 from .study import plots, report
 from .study.in_process_ab import ab_block
 from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json
+from .study.run_progress import RunProgress
 from .study.runner import compile_packages, run_case
 from .study.workloads import Workload, preset
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="scaled-down workloads, few steps, one repetition, restore runs for autockpt and the "
                              "synchronous ModelCheckpoint only (a few minutes)")
-    parser.add_argument("--out", default="autockpt-compare", help="directory for results.json, results.md and the PNGs")
+    parser.add_argument("--out", default="autockpt-compare", help="directory for results.json, results.md and the PNGs (default autockpt-compare)")
     parser.add_argument("--frameworks", default="lightning,keras", help="lightning, keras or both (default)")
     parser.add_argument("--workloads", default="small,medium,large", help="which workloads (default all three)")
     parser.add_argument("--methods", default="", help="only these methods (names as in results.json; default all)")
@@ -141,12 +141,10 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
             for m in _ordered(plan_methods(f, settings, only), rep)]
     runs: list[dict[str, Any]] = []
     step_s: dict[tuple[str, str], float] = {}  # (framework, workload) -> step time without checkpoints, first repetition
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
-        task = progress.add_task("compare", total=len(plan))
+    with RunProgress(console, len(plan), "compare") as progress:
         for rep, framework, name, method in plan:
             key = report.method_key(method)
-            progress.update(task, description=f"rep {rep + 1} {framework} {name} {key}")
+            progress.start(f"rep {rep + 1} {framework} {name} {key}")
             steps = settings["steps"]
             if (method["name"] == "autockpt-budget" or method.get("long")) and (framework, name) in step_s:
                 steps = max(steps, settings["warmup"] + round(settings["budget_window_s"] / step_s[(framework, name)]))
@@ -156,7 +154,7 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
             if method == {"name": "none"} and run_["train"].get("step_s") and (framework, name) not in step_s:
                 step_s[(framework, name)] = run_["train"]["step_s"]
             runs.append(run_)
-            progress.advance(task)
+            progress.done()
     results: dict[str, Any] = {
         "machine": machine_info(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),

@@ -20,12 +20,13 @@ FRAMEWORKS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dirpath", default="autockpt-demo", help="where the demo writes checkpoints")
+    parser.add_argument("--dirpath", default="autockpt-demo", help="where the demo writes checkpoints (default autockpt-demo)")
     parser.add_argument(
         "--framework", choices=sorted(FRAMEWORKS) + ["both"], default="both", help="which framework to run"
     )
     parser.add_argument("--budget", default="2%", help="overhead budget (default 2%%)")
-    parser.add_argument("--keras-backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"))
+    parser.add_argument("--keras-backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"),
+                        help="Keras backend of the Keras run: tensorflow, torch or jax (default $KERAS_BACKEND, else tensorflow)")
 
 
 def run(args: argparse.Namespace) -> int:

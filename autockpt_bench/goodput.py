@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autockpt_core.cli.args import budget, duration
@@ -37,6 +36,7 @@ from .study import goodput_report, plots
 from .study.failures import history_seeds, kill_gaps
 from .study.kill_loop import run_until_done
 from .study.protocol import WORKERS, read_events, write_json, write_spec
+from .study.run_progress import RunProgress
 from .study.runner import command, compile_packages, worker_env
 from .study.workloads import Workload, preset
 
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-factor", type=float, default=8.0, help="give a method up after this × the failure-free time")
     parser.add_argument("--jobs", type=int, default=20_000, help="simulated jobs for the expected prediction")
     parser.add_argument("--keras-backend", default="tensorflow", help="KERAS_BACKEND of the Keras runs")
-    parser.add_argument("--out", default="autockpt-goodput", help="directory for goodput.json, goodput.md, goodput.png")
+    parser.add_argument("--out", default="autockpt-goodput", help="directory for goodput.json, goodput.md, goodput.png (default autockpt-goodput)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG")
 
 
@@ -204,9 +204,7 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
     steps = per_epoch * settings["epochs"]
     methods = plan_methods(settings, per_epoch)
     reps = settings["repeats"]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        task = progress.add_task(f"{framework}: failure-free reference", total=(len(methods) + 1) * reps + 1)
+    with RunProgress(console, (len(methods) + 1) * reps + 1, f"{framework}: goodput") as progress:
         # 2. rounds: the failure-free reference (the whole job, no checkpoints, no kills), then every
         #    method once with the round's failure history; the reference once more at the end. So the
         #    reference runs between the killed attempts and the machine's drift shows as its spread.
@@ -220,12 +218,12 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
                 raise RuntimeError(f"{framework}: the failure-free run failed; see {output}")
             free.append(attempts[0].wall_s)
             timing.append(goodput_report.compute_rate(events))
-            progress.advance(task)
+            progress.done()
 
         raw: list[list[dict[str, Any]]] = [[] for _ in methods]
         seeds: list[int] = []
         for rep in range(reps):
-            progress.update(task, description=f"{framework}: failure-free reference")
+            progress.start(f"{framework}: failure-free reference")
             reference()
             if not seeds:  # histories whose first kill falls after the startup, well before the job's end
                 startup = timing[0][1]
@@ -233,7 +231,7 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
                                       before_s=startup + KILL_BEFORE * (free[0] - startup))
             gaps_seed = seeds[rep]
             for per_seed, method in zip(raw, methods):
-                progress.update(task, description=f"{framework}: {method_label(method)}")
+                progress.start(f"{framework}: {method_label(method)}, history {rep + 1}/{reps}")
                 attempts, finished, events, output = _run_method(
                     framework, workload, method, steps, settings, work, kill_gaps(settings["mtbf_s"], gaps_seed),
                     settings["max_factor"] * free[0], workers, history=f"-seed{gaps_seed}")
@@ -244,8 +242,8 @@ def _framework_run(framework: str, settings: dict[str, Any], out: str, console: 
                     acc["note"] = (f"did not finish within {settings['max_factor']:g}× the failure-free time"
                                    if attempts and attempts[-1].killed else f"worker failed; see {output}")
                 per_seed.append(acc)
-                progress.advance(task)
-        progress.update(task, description=f"{framework}: failure-free reference again")
+                progress.done()
+        progress.start(f"{framework}: failure-free reference again")
         reference()
     failure_free_s = statistics.median(free)
     step_s = statistics.median(t[0] for t in timing)

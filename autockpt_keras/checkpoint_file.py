@@ -63,6 +63,11 @@ class CheckpointInfo:
     resume: ResumePoint | None = None
     process_points: tuple[ResumePoint, ...] = ()  # every process's, for a multi-process job
 
+    def __repr__(self) -> str:  # the keys (one per array) and every process's point only counted
+        shown = (f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name not in ("keys", "process_points"))
+        return f"CheckpointInfo({', '.join(shown)}, keys=<{len(self.keys)} arrays>, process_points=<{len(self.process_points)}>)"
+
     def for_process(self, index: int, count: int) -> "CheckpointInfo":
         """This info with ``resume`` the point of process ``index`` of ``count``.
 

@@ -40,9 +40,9 @@ class ResumePoint:
     batches_done: int
     iterators_before: int
     stream_pos: int
-    rng_stream: dict[str, Any]
-    rng_step: dict[str, Any]
-    rng_first_draw: dict[str, Any] | None = None
+    rng_stream: dict[str, Any] = dataclasses.field(repr=False)  # generator states: pages of numbers
+    rng_step: dict[str, Any] = dataclasses.field(repr=False)
+    rng_first_draw: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
     steps_per_execution: int = 1
     inputs: str = "unknown"
     problems: tuple[str, ...] = ()

@@ -28,15 +28,19 @@ FLAGS = {
 }
 
 
-def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags both commands take: iteration time, stall, persist, MTBF, budget, bounds."""
+def add_cost_arguments(parser: argparse.ArgumentParser, mtbf_required: bool = False) -> None:
+    """The flags both commands take: iteration time, stall, persist, MTBF (``simulate`` needs
+    it), budget, bounds."""
     parser.add_argument("--iter-time", required=True, help="time of one optimizer step, e.g. 350ms")
     parser.add_argument("--stall", required=True, help="training time blocked per checkpoint, e.g. 120ms")
     parser.add_argument("--persist", default="0s", help="background persist time per checkpoint, e.g. 2s")
     parser.add_argument("--slowdown", default=None,
                         help="measured slowdown of the steps a persist overlaps, e.g. 10%% (default: not measured, "
                              "so the budget counts the whole persist time, as the runtime does until it has measured it)")
-    parser.add_argument("--mtbf", default=None, help="mean time between failures, e.g. 6h (enables Young/Daly)")
+    if mtbf_required:
+        parser.add_argument("--mtbf", required=True, help="mean time between failures, e.g. 6h")
+    else:
+        parser.add_argument("--mtbf", default=None, help="mean time between failures, e.g. 6h (enables Young/Daly)")
     parser.add_argument("--budget", default="2%", help="overhead budget, e.g. 2%% or 0.02 (default 2%%)")
     parser.add_argument("--min-interval", default=None, help="never checkpoint more often than this, e.g. 30s")
     parser.add_argument("--max-interval", default=None, help="never go longer than this without one, e.g. 30min")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Mapping, Sequence
+from importlib import metadata
+from typing import Callable, Mapping, NoReturn, Sequence
 
 from . import inspect as cli_inspect
 from . import plan as cli_plan
@@ -28,17 +29,35 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (the command, the problem, where the usage is), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(commands: Mapping[str, Command] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autockpt", description="Automatic checkpointing for deep learning.")
+    parser = _Parser(prog="autockpt", description="Automatic checkpointing for deep learning.")
+    parser.add_argument("--version", action="version", version=f"autockpt {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (add_arguments, _run, help_text) in commands.items():
         add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
+def _version() -> str:
+    try:
+        return metadata.version("autockpt")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] = COMMANDS) -> int:
     parser = build_parser(commands)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version (0) or a usage error (2, its line printed)
+        return done.code if isinstance(done.code, int) else 2
     _add, run, _help = commands[args.command]
     try:
         return run(args)

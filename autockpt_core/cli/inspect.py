@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 
 from rich.console import Console
 from rich.table import Table
@@ -48,6 +49,8 @@ def _options(text: str) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if "://" not in args.dirpath and not os.path.isdir(args.dirpath):
+        raise ValueError(f"{args.dirpath} {'is not a directory' if os.path.exists(args.dirpath) else 'does not exist'}")
     storage = storage_for(args.dirpath, args.storage_options)
     if not storage.exists(MANIFEST_NAME):
         raise ValueError(f"no autockpt manifest ({MANIFEST_NAME}) in {storage.location}")

@@ -29,20 +29,19 @@ HELP = "compare checkpoint policies under simulated failures (table and PNG plot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_cost_arguments(parser)
+    add_cost_arguments(parser, mtbf_required=True)
     parser.add_argument("--work", default="24h", help="failure-free compute time of the job (default 24h)")
-    parser.add_argument("--restart", default="5min", help="time to restart and reload after a failure")
-    parser.add_argument("--epoch", default="1h", help="epoch length, for the every-epoch policy")
-    parser.add_argument("--every", type=int, default=1000, help="N for the every-N-steps policy")
-    parser.add_argument("--weibull-shape", type=float, default=1.0, help="1 = exponential; < 1 = bursty")
-    parser.add_argument("--jobs", type=int, default=20_000, help="simulated jobs per policy")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", default="autockpt-simulate.png", help="PNG file to write ('' for none)")
+    parser.add_argument("--restart", default="5min", help="time to restart and reload after a failure (default 5min)")
+    parser.add_argument("--epoch", default="1h", help="epoch length, for the every-epoch policy (default 1h)")
+    parser.add_argument("--every", type=int, default=1000, help="N for the every-N-steps policy (default 1000)")
+    parser.add_argument("--weibull-shape", type=float, default=1.0, help="1 = exponential; < 1 = bursty (default 1)")
+    parser.add_argument("--jobs", type=int, default=20_000, help="simulated jobs per policy (default 20000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the failure draws (default 0)")
+    parser.add_argument("--plot", default="autockpt-simulate.png",
+                        help="PNG file to write, '' for none (default autockpt-simulate.png)")
 
 
 def _schedules(args: argparse.Namespace) -> tuple[dict[str, Any], Job, Failures, ValueModel, str, float]:
-    if args.mtbf is None:
-        raise ValueError("--mtbf is required: failures are what the simulation draws")
     config = config_from_args(args)
     est = estimates_from_args(args)
     t = float(est.iter_time_s)  # type: ignore[arg-type]

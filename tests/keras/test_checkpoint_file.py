@@ -73,3 +73,19 @@ def test_a_resume_point_with_real_generator_states_round_trips_through_its_json(
     assert parsed.to_json() == text
     assert parsed.problems == ("a", "b") and parsed.rng_stream["python"] == states["python"]
     assert parsed.rng_stream["nested"] == {"tuple": [1, 2], "list": [[0.5, None], "text"]}  # JSON's lists
+
+
+def test_the_repr_of_a_checkpoint_info_is_a_few_lines() -> None:
+    """It printed every generator state (30,943 characters for the study's model): now the
+    fields a reader looks for, with the arrays and the processes' points counted."""
+    from autockpt_keras.checkpoint_file import CheckpointInfo
+
+    big = ResumePoint(epoch=1, batches_done=3, iterators_before=0, stream_pos=3,
+                      rng_stream={"numpy": list(range(5000))}, rng_step={"python": list(range(5000))})
+    info = CheckpointInfo(path="ck/ckpt-step000000009.safetensors", step=9, epoch=1, batch=2, next_epoch=1,
+                          backend="tensorflow", keras_version="3.15.0", keys=tuple(f"model/w{i}" for i in range(1200)),
+                          resume=big, process_points=(big, big))
+    text = repr(info)
+    assert len(text) < 600, text
+    assert "step=9" in text and "keys=<1200 arrays>" in text and "process_points=<2>" in text
+    assert "batches_done=3" in text and "4999" not in text

@@ -41,4 +41,6 @@ def test_inspect_json_reports_corruption(ckpt_dir, capsys) -> None:
 
 def test_inspect_missing_dir_is_clear_error(tmp_path, capsys) -> None:
     assert main(["inspect", str(tmp_path / "none")]) == 2
+    assert "none does not exist" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 2  # a directory, not autockpt's
     assert "no autockpt manifest" in capsys.readouterr().err

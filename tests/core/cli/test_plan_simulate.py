@@ -80,7 +80,9 @@ def test_plan_with_a_loss_curve_shows_the_front_loaded_schedule(tmp_path, capsys
         (["plan", "--iter-time", "1s", "--stall", "1s", "--budget", "200%"], "--budget"),
         (["plan", "--iter-time", "0s", "--stall", "1s"], "--iter-time must be positive"),
         (["plan", "--iter-time", "1s", "--stall", "1s", "--loss-curve", "/nonexistent"], "no such file"),
-        (["simulate", "--iter-time", "1s", "--stall", "1s"], "--mtbf is required"),
+        (["simulate", "--iter-time", "1s", "--stall", "1s"], "required: --mtbf (see autockpt simulate --help)"),
+        (["plan", "--stall", "1s"], "required: --iter-time"),
+        (["inspect"], "required: dirpath"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(argv, words, capsys) -> None:

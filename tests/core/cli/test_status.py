@@ -42,3 +42,12 @@ def test_status_of_something_else_is_one_clear_line(tmp_path, capsys, make, mess
     assert main(["status", str(target)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_version_and_a_missing_directory(tmp_path, capsys) -> None:
+    assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("autockpt 0.")
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    assert "nope does not exist" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["inspect", str(tmp_path / "file")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
