@@ -70,7 +70,8 @@ def test_the_status_file_follows_the_run_and_says_finished_at_its_end(tmp_path: 
     assert all(s["state"] in ("training", "checkpointing") for s in during), during
     # step 9's checkpoint waits for step 6's persist: 6 is durable by then (9 may still be in flight)
     assert max(s["last_durable_step"] for s in during) in (6, 9) and during[-1]["pid"] == os.getpid()
-    assert any(s["next_checkpoint_step"] == 12 for s in during), during  # every 3 steps
+    # a saving decision names no next step (None); any other names a later one
+    assert all(s["next_checkpoint_step"] is None or s["next_checkpoint_step"] > s["step"] for s in during), during
     after = read_status(dirpath)
     assert after is not None and (after["state"], after["last_durable_step"]) == ("finished", result.end_step)
 
