@@ -2,7 +2,7 @@
 
 A scheduler that preempts a job sends a signal and, ``grace_period`` later, SIGKILL. The
 emergency checkpoint must be durable before that: its snapshot stall plus its persist, with
-:data:`~autockpt_core.emergency.EXIT_MARGIN_S` left to exit. :class:`GraceCheck` compares the
+:data:`EXIT_MARGIN_S` left to exit. :class:`GraceCheck` compares the
 profiler's measured costs with the window once both are known and warns once, with the numbers
 and the fix, when they do not fit. Training thread (the session's ``save()``, after each
 checkpoint's copy).

@@ -76,7 +76,7 @@ class StatusFile:
         """Whether :meth:`report` of ``state`` would write now (callers skip gathering figures if not)."""
         if self.path is None or self._broken:
             return False
-        return state != self._figures.state or self._clock() - self._last_write >= self.every_s
+        return state != self._figures.state or self._interval_passed()
 
     def report(self, state: str, step: int, *, run: str | None = None, estimates: Estimates | None = None,
                next_step: int | None = None, force: bool = False) -> None:
@@ -127,13 +127,15 @@ class StatusFile:
             "run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "updated": self._wall(),
         }
 
+    def _interval_passed(self) -> bool:
+        return self._clock() - self._last_write >= self.every_s
+
     def _write(self, force: bool) -> None:
         if self.path is None or self._broken:
             return
-        now = self._clock()
-        if not force and now - self._last_write < self.every_s:
+        if not force and not self._interval_passed():
             return
-        self._last_write = now
+        self._last_write = self._clock()
         temporary = self.path.with_name(f".autockpt-tmp-status-{os.getpid()}")  # removed at a resume if left
         try:
             temporary.write_text(json.dumps(self.contents(), indent=1) + "\n", encoding="utf-8")
