@@ -6,11 +6,11 @@ Keras' state: the copy of every variable, the resume point of the data stream an
 (:class:`~autockpt_keras.exact_resume.ExactResume`), the epoch logs. Call order inside
 ``fit()`` (training thread; TensorFlow, torch and JAX backends, Keras 3)::
 
-    on_train_begin        check the strategy or JAX processes (strategies.py); session (process
-                          0) and driver; look up fit()'s data iterator and check its inputs
-                          (input_checks.py); driver.resume_record (reading the file while
-                          verifying it, whole_read.py), then assign the checkpoint's state and
-                          set model._initial_epoch; install the handlers; read the step
+    on_train_begin        look up fit()'s data iterator, check the private names (internals.py),
+                          the strategy or JAX processes (strategies.py); session (process 0),
+                          driver; check the inputs (input_checks.py); driver.resume_record (the
+                          file read while verified, whole_read.py), then assign the checkpoint's
+                          state, set model._initial_epoch; install the handlers; read the step
                           (step_count.py); driver.begin
     on_epoch_begin        the resumed epoch gets its data order and generators back and skips
                           the batches already trained; read the step; driver.expect_end (the
@@ -56,15 +56,15 @@ from autockpt_core import (
 from autockpt_core.callback_settings import CallbackSettings
 from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.fit_driver import Due, FitDriver, FitRecords
+from autockpt_core.internals_door import Patch, PatchStack
 from autockpt_core.persist import storage_for
 from autockpt_core.persist.shared_memory import numpy_shared_pool
 from autockpt_core.persist.tensorfile import WRITE_TENSORS
 from autockpt_core.persist.whole_read import ReadWhileVerifying
 
-from . import fork_fix
+from . import fork_fix, internals
 from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
 from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, host_clock_note, warm_copier
-from .data_stream import find_epoch_iterator
 from .epoch_logs import LOG_KEYS, log_values, loss_in_logs
 from .exact_resume import ExactResume
 from .fit_guard import FitGuard, ends_fit_on_error
@@ -119,7 +119,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._driver: FitDriver | None = None  # per fit()
         self._copier: Copier | None = None
         self._backend = ""
-        self._initial_epoch_to_put_back: tuple[Any] | None = None
+        self._patches = PatchStack()  # what fit() runs with swapped (internals.py): the start epoch, ...
+        self._start_epoch: Patch | None = None
         self._guard = FitGuard(())  # per fit(): its handlers, and a watch for a fit() that raised
         self._processes: Processes = Processes()  # replaced per fit() (jax.distributed: several)
         self._step_end: Callable[..., None] = self._before_fit  # the driver's, from on_train_begin
@@ -147,7 +148,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         unwrap_train_function(self.model)  # left over if an earlier fit() failed while skipping
         backend = keras.backend.backend()
         self._backend = backend
-        check_strategy(self.model, backend)  # before anything is written
+        epoch_iterator = internals.find_epoch_iterator()
+        internals.check_internals(self.model, epoch_iterator, backend)  # before anything is written
+        check_strategy(self.model, backend)
         self._processes = processes = processes_for(backend)
         self.session = None
         if processes.writes:  # process 0 alone decides and writes; the others follow it
@@ -171,10 +174,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
                 self.config.snapshot_mode,
             )
         self._reset_fit_state()
-        epoch_iterator = find_epoch_iterator()
         self.inputs = inspect_inputs(epoch_iterator, backend)
         fork_fix.install_for(backend, self.inputs.kind)
-        self._exact = ExactResume(self.model, backend, epoch_iterator, self.inputs)
+        self._exact = ExactResume(self.model, backend, epoch_iterator, self.inputs, self._patches)
         if self.inputs.problems:
             warnings.warn(
                 f"autockpt: a resumed run will not be exactly an uninterrupted one ({self.inputs.kind} "
@@ -328,8 +330,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         restore_checkpoint(self.model, self._require_exact(), arrays, info, say=say)
         self.restored = info
         self._require_driver().resumed(info.step)
-        self._initial_epoch_to_put_back = (self.model._initial_epoch,)
-        self.model._initial_epoch = info.next_epoch  # read by fit() right after this hook
+        self._start_epoch = self._patches.set(self.model, internals.initial_epoch_key(), info.next_epoch)
 
     def _at_last_batch(self) -> bool:
         """Whether the newest trained batch is the epoch's last."""
@@ -362,6 +363,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if self._exact is not None:
             self._exact.close()
             self._exact.release()
+        self._patches.undo_all()
         if self._driver is not None:
             self._driver.abandon()
 
@@ -377,9 +379,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         return global_step(self._model if self._backend == "jax" else self.model, self._backend)
 
     def _put_back_initial_epoch(self) -> None:
-        if self._initial_epoch_to_put_back is not None:
-            (self.model._initial_epoch,) = self._initial_epoch_to_put_back
-            self._initial_epoch_to_put_back = None
+        self._patches.undo(self._start_epoch)
 
     def _require_copier(self) -> Copier:
         if self._copier is None:

@@ -42,6 +42,7 @@ import numpy as np
 
 from autockpt_core import BufferPool
 
+from . import internals
 from .jax_state import local_value
 from .state import StateEntry
 
@@ -237,7 +238,7 @@ def settle_copier(copier: Copier) -> float:
 
 def _tf_host_view(tensor: Any) -> np.ndarray:
     # EagerTensor._numpy() returns a view of a CPU tensor's buffer (no copy); .numpy() copies.
-    view = getattr(tensor, "_numpy", None)
+    view = internals.read(tensor, "eager_numpy")
     return np.asarray(view() if view is not None else tensor.numpy())
 
 

@@ -17,12 +17,12 @@ iterator in a process the k-th order; a new process starts again at the first. R
 stream whose iterator was the k-th therefore first creates and drops k iterators
 (:func:`advance_dataset`).
 
-Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers): the local
-``epoch_iterator`` of ``fit()`` (:func:`find_epoch_iterator`), its ``_get_iterator``,
-``_current_iterator`` and ``_steps_seen``. Without the epoch iterator, every epoch is assumed
-to start a new stream.
+Keras internals used (through :mod:`autockpt_keras.internals`): the local ``epoch_iterator`` of
+``fit()`` (``internals.find_epoch_iterator``), its ``_get_iterator``, ``_current_iterator``,
+``_steps_seen`` and ``_num_batches``. Without the epoch iterator or one of the first three,
+every epoch is assumed to start a new stream.
 
-Call order: :func:`find_epoch_iterator` and a new :class:`DataStream` in ``on_train_begin``;
+Call order: ``internals.find_epoch_iterator`` and a new :class:`DataStream` in ``on_train_begin``;
 the stream's methods from the hooks (see :class:`DataStream`); :func:`advance_dataset` in the
 resumed epoch's ``on_epoch_begin``. Everything here runs on the training thread, inside
 ``fit()``'s hooks and its creation of data iterators.
@@ -31,41 +31,13 @@ resumed epoch's ``on_epoch_begin``. Everything here runs on the training thread,
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 import weakref
 from typing import Any, Callable
 
+from autockpt_core.internals_door import PatchStack
+
+from . import internals
 from .resume_point import ResumePoint
-
-# -- fit()'s epoch iterator ------------------------------------------------------------------------
-
-
-def find_epoch_iterator(max_depth: int = 40) -> Any | None:
-    """The ``EpochIterator`` of the ``fit()`` call that is running the current callback hook.
-
-    Keras does not hand it to callbacks; its trainers (TensorFlow, torch, JAX) keep it in the
-    local ``epoch_iterator`` of ``fit``. This reads that frame's locals (read only), and
-    returns None if the frame is not found (another trainer, a future Keras), in which case
-    the callback assumes that every epoch starts a new iterator.
-    """
-    frame: types.FrameType | None = sys._getframe(1)
-    depth = 0
-    while frame is not None and depth < max_depth:
-        if frame.f_code.co_name == "fit":
-            candidate = frame.f_locals.get("epoch_iterator")
-            if _looks_like_epoch_iterator(candidate):
-                return candidate
-        frame = frame.f_back
-        depth += 1
-    return None
-
-
-def _looks_like_epoch_iterator(obj: Any) -> bool:
-    return obj is not None and all(
-        hasattr(obj, name) for name in ("data_adapter", "steps_per_epoch", "_steps_seen", "_current_iterator")
-    )
-
 
 @dataclasses.dataclass(frozen=True)
 class StreamState:
@@ -97,7 +69,7 @@ class DataStream:
     epoch continues it). After an epoch that used up a sized input it also creates the next
     iterator right away (used by the next epoch only with ``steps_per_epoch``; otherwise
     dropped). To count those creations, the epoch iterator's ``_get_iterator`` is wrapped for
-    the duration of ``fit()`` (:meth:`close` unwraps it).
+    the duration of ``fit()``, through the callback's ``patches`` (:meth:`close` unwraps it).
 
     ``index`` is what a resumed run must replay to get the same order from a reshuffling
     tf.data input: the number of tf.data iterators created before the current stream's. On
@@ -109,8 +81,18 @@ class DataStream:
     included), ``close`` in ``on_train_end``.
     """
 
-    def __init__(self, epoch_iterator: Any | None, capture: Callable[[], dict[str, Any]], backend: str) -> None:
+    def __init__(
+        self,
+        epoch_iterator: Any | None,
+        capture: Callable[[], dict[str, Any]],
+        backend: str,
+        patches: PatchStack | None = None,
+    ) -> None:
+        if not internals.follows_streams(epoch_iterator):
+            epoch_iterator = None  # check_internals named what is missing
         self._ei = epoch_iterator
+        self._patches = patches if patches is not None else PatchStack()
+        self._steps_seen = internals.attr("steps_seen")
         self._capture = capture
         self._by_creation = backend == "tensorflow" and epoch_iterator is not None
         self.created = 0  # Keras data iterators created since training began (this timeline)
@@ -126,11 +108,10 @@ class DataStream:
         self._epoch_batches = 0
         self._exhausts_at: int | None = None  # the epoch iterator's ``_steps_seen`` at its last batch
         self._tf_dataset = _tf_dataset(epoch_iterator)
-        if epoch_iterator is not None:
-            self._hook(epoch_iterator)
+        self._wrapped = self._hook(epoch_iterator) if epoch_iterator is not None else None
 
-    def _hook(self, ei: Any) -> None:
-        original = ei._get_iterator
+    def _hook(self, ei: Any) -> Any:
+        original = internals.read(ei, "get_iterator")
 
         def counting_get_iterator() -> Any:
             self.created += 1
@@ -140,13 +121,12 @@ class DataStream:
             source = original()
             return source if after is None else _AfterIter(source, after)
 
-        ei._get_iterator = counting_get_iterator
+        return self._patches.set(ei, internals.attr("get_iterator"), counting_get_iterator)
 
     def close(self) -> None:
         """Unwrap the epoch iterator (end of ``fit()``)."""
-        ei = self._ei
-        if ei is not None and "_get_iterator" in vars(ei):
-            del ei._get_iterator
+        self._patches.undo(self._wrapped)
+        self._wrapped = None
 
     def release(self) -> None:
         """After :meth:`close` and the final checkpoint: forget the epoch iterator."""
@@ -190,7 +170,7 @@ class DataStream:
         self._epoch_batches += 1
         self._created_seen = self.created
         exhausts_at = self._exhausts_at
-        if exhausts_at is not None and self._ei._steps_seen >= exhausts_at:
+        if exhausts_at is not None and getattr(self._ei, self._steps_seen) >= exhausts_at:
             self._pending_rng = self._capture()
 
     def _first_drawn(self) -> None:
@@ -207,13 +187,13 @@ class DataStream:
         ei = self._ei
         if ei is None or not ei.steps_per_epoch:
             return None
-        return getattr(ei, "_num_batches", None) or None
+        return internals.num_batches(ei)
 
     def current(self) -> StreamState:
         """The stream the next batch comes from: index, batches drawn, generators at its start."""
         if self._undrawn:
             return StreamState(self._upcoming_index(created=not self._fresh), 0, self._rng(), self.rng_first)
-        pos = self._epoch_batches if self._ei is None else int(self._ei._steps_seen)
+        pos = self._epoch_batches if self._ei is None else int(getattr(self._ei, self._steps_seen))
         return StreamState(self.index, pos, self._rng(), self.rng_first)
 
     def next_epoch(self) -> StreamState:
@@ -237,7 +217,7 @@ class DataStream:
 
     def _starts_new(self) -> bool:
         ei = self._ei
-        if ei is None or ei.steps_per_epoch is None or ei._current_iterator is None:
+        if ei is None or ei.steps_per_epoch is None or internals.current_iterator(ei) is None:
             return True
         return self._recreated()
 
@@ -246,7 +226,7 @@ class DataStream:
         return (
             ei is not None
             and ei.steps_per_epoch is not None
-            and ei._current_iterator is not None
+            and internals.current_iterator(ei) is not None
             and self._created_seen is not None
             and self.created != self._created_seen  # an iterator created after the last batch
         )
@@ -263,7 +243,7 @@ _TF_ITERATORS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 def _tf_dataset(epoch_iterator: Any | None) -> Any | None:
     if epoch_iterator is None or type(epoch_iterator.data_adapter).__name__ != "TFDatasetAdapter":
         return None
-    return getattr(epoch_iterator.data_adapter, "_dataset", None)
+    return internals.tf_dataset(epoch_iterator.data_adapter)
 
 
 def _count_tf_iterator(dataset: Any | None) -> None:

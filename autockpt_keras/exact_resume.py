@@ -50,6 +50,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from autockpt_core import ResumeNotExactWarning
+from autockpt_core.internals_door import PatchStack
 
 from . import rng
 from .checkpoint_file import CheckpointInfo
@@ -76,12 +77,20 @@ class ExactResume:
     :class:`~autockpt_keras.data_stream.DataStream` following it.
     """
 
-    def __init__(self, model: Any, backend: str, epoch_iterator: Any | None, inputs: InputReport) -> None:
+    def __init__(
+        self,
+        model: Any,
+        backend: str,
+        epoch_iterator: Any | None,
+        inputs: InputReport,
+        patches: PatchStack | None = None,
+    ) -> None:
         self.model = model
         self.backend = backend
         self.epoch_iterator = epoch_iterator
         self.inputs = inputs
-        self.stream = DataStream(epoch_iterator, self.capture_rng, backend)
+        self.patches = patches if patches is not None else PatchStack()
+        self.stream = DataStream(epoch_iterator, self.capture_rng, backend, self.patches)
         self._resume_point: ResumePoint | None = None  # the checkpoint's, until its epoch begins
         self._metric_arrays: dict[str, Any] | None = None  # the checkpoint's metric values, for that epoch
         self._skipper: SkipSteps | None = None
@@ -143,7 +152,9 @@ class ExactResume:
                 assign_state(collect_state(self.model, ("metrics",)), self._metric_arrays, groups=("metrics",))
             self._metric_arrays = None
             self.skip_through = point.batches_done - 1
-            self._skipper = SkipSteps(self.model, drop=point.drop, epoch_iterator=self.epoch_iterator)
+            self._skipper = SkipSteps(
+                self.model, drop=point.drop, epoch_iterator=self.epoch_iterator, patches=self.patches
+            )
             self._skipper.install()
             self._rng_after_skip = point.rng_step
         elif point.drop > 0:  # an epoch start in the middle of a stream shared by several epochs
@@ -152,6 +163,7 @@ class ExactResume:
                 drop=point.drop,
                 epoch_iterator=self.epoch_iterator,
                 before_first_step=lambda: self._restore_step_rng(point.rng_step),
+                patches=self.patches,
             )
             self._skipper.install()
         else:
@@ -240,7 +252,11 @@ class ExactResume:
             return
         say = _print_and_log if self._say else log.info
         self.index_skip = IndexSkip(
-            self.epoch_iterator.data_adapter, count, check_generators=self.inputs.pipeline_thread, say=say
+            self.epoch_iterator.data_adapter,
+            count,
+            check_generators=self.inputs.pipeline_thread,
+            say=say,
+            patches=self.patches,
         )
         self.index_skip.install()
 

@@ -42,12 +42,15 @@ def install() -> None:
 def main_thread_after_fork() -> None:
     """In a forked child: a ``_DummyThread`` left as the main thread becomes a ``_MainThread``."""
     main = threading.main_thread()
-    if not isinstance(main, threading._DummyThread):
+    # CPython's private names of 3.10-3.12; an interpreter without them has its own fix
+    dummy, main_class = getattr(threading, "_DummyThread", None), getattr(threading, "_MainThread", None)
+    set_lock = getattr(main, "_set_tstate_lock", None)
+    if dummy is None or main_class is None or set_lock is None or not isinstance(main, dummy):
         return
-    main.__class__ = threading._MainThread  # type: ignore[assignment]
+    main.__class__ = main_class
     main._name = "MainThread"
     main._daemonic = False  # type: ignore[attr-defined]
-    main._set_tstate_lock()  # type: ignore[attr-defined]
+    set_lock()
 
 
 def install_for(backend: str, inputs_kind: str) -> None:

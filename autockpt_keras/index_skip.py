@@ -49,15 +49,16 @@ memory per batch, cut inside tf.data's graph or by a generator of Keras' own),
 and a ``worker_init_fn`` or with an iterator of another kind (torchdata's
 ``StatefulDataLoader``), a ``DataLoader`` over an ``IterableDataset``, a generator.
 
-Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
+Keras internals used (the private ones through :mod:`autockpt_keras.internals`):
 ``PyDatasetAdapter.py_dataset``, read at every lookup of its generator, and ``enqueuer``;
 ``TorchDataLoaderAdapter._dataloader``, iterated once per stream; on torch, the epoch
-iterator's call of ``ArrayDataAdapter.get_torch_dataloader`` once per stream. torch internals (2.3 to 2.13,
-and torchdata's ``StatefulDataLoader``): the single-process iterator's ``_next_index`` and
-``_num_yielded``, an iterator without them is drawn; for workers, that an iterator reads the
+iterator's call of ``ArrayDataAdapter.get_torch_dataloader`` once per stream; the stand-in is
+set through the callback's patch stack. torch internals (and torchdata's
+``StatefulDataLoader``): the single-process iterator's ``_next_index`` and ``_num_yielded``, an iterator without them is drawn; for workers, that an iterator reads the
 loader's ``batch_sampler`` (``sampler`` without batching) when it is created and draws its
-first indices before it is returned, and ``_DatasetKind.create_fetcher`` (the load the workers
-make); an iterator that had not drawn through the stand-in by then is drawn.
+first indices before it is returned, and ``_DatasetKind.create_fetcher`` with the loader's
+``_auto_collation`` (the load the workers make; without them the workers load every skipped
+batch); an iterator that had not drawn through the stand-in by then is drawn.
 
 Call order: :func:`skip_plan` when the checkpoint is restored (``on_train_begin``); an
 :class:`IndexSkip` installed in the resumed epoch's ``on_epoch_begin`` (before the epoch's
@@ -69,10 +70,19 @@ created; arrays on torch: when the loader is made) or in ``on_train_end``. Looku
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from typing import Any, Callable, Iterator
 
+from autockpt_core.internals_door import Patch, PatchStack
+
+from . import internals
 from .rng import capture_shared, restore_shared
+
+log = logging.getLogger("autockpt")
+
+# torch's own iterators, which have the internals a skip by index uses (others are drawn)
+_TORCH_ITERATORS = ("_SingleProcessDataLoaderIter", "_MultiProcessingDataLoaderIter")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +110,9 @@ def skip_plan(epoch_iterator: Any | None, inputs_kind: str, backend: str = "") -
             return SkipPlan(False, "a PyDataset with workers loads ahead in its own threads or processes")
         if hasattr(adapter, "py_dataset"):
             return SkipPlan(True)
-    if inputs_kind == "torch DataLoader" and getattr(adapter, "_dataloader", None) is not None:
-        reason = _loader_reason(adapter._dataloader)
+    loader = internals.torch_dataloader(adapter) if adapter is not None else None
+    if inputs_kind == "torch DataLoader" and loader is not None:
+        reason = _loader_reason(loader)
         return SkipPlan(not reason, reason)
     reasons = {
         "arrays": "array batches are slices of memory, cut by Keras' own pipeline on this backend "
@@ -143,13 +154,22 @@ class IndexSkip:
     """
 
     def __init__(
-        self, adapter: Any, count: int, *, check_generators: bool, say: Callable[[str], None] | None = None
+        self,
+        adapter: Any,
+        count: int,
+        *,
+        check_generators: bool,
+        say: Callable[[str], None] | None = None,
+        patches: PatchStack | None = None,
     ) -> None:
         self.adapter = adapter
-        self._slot = next((s for s in ("py_dataset", "_dataloader") if hasattr(adapter, s)), "get_torch_dataloader")
+        loader = internals.attr("torch_dataloader")
+        self._slot = next((s for s in ("py_dataset", loader) if hasattr(adapter, s)), "get_torch_dataloader")
+        self._stand_in_kind = {"py_dataset": _Lookup, loader: _FastForward}.get(self._slot, _NextLoader)
         self.original = getattr(adapter, self._slot)
-        self._shadowed = self._slot in vars(adapter)  # an attribute of the adapter itself, not of its class
-        self.workers = self._slot == "_dataloader" and _has_workers(self.original)
+        self._patches = patches if patches is not None else PatchStack()
+        self._patch: Patch | None = None
+        self.workers = self._stand_in_kind is _FastForward and _has_workers(self.original)
         self.remaining = int(count)
         self.check_generators = check_generators
         self.say = say
@@ -161,15 +181,10 @@ class IndexSkip:
 
     def install(self) -> None:
         if self.remaining > 0:
-            stand_in = {"py_dataset": _Lookup, "_dataloader": _FastForward}.get(self._slot, _NextLoader)(self)
-            setattr(self.adapter, self._slot, stand_in)
+            self._patch = self._patches.set(self.adapter, self._slot, self._stand_in_kind(self))
 
     def uninstall(self) -> None:
-        if isinstance(getattr(self.adapter, self._slot), (_Lookup, _FastForward, _NextLoader)):
-            if self._shadowed:
-                setattr(self.adapter, self._slot, self.original)
-            else:
-                delattr(self.adapter, self._slot)  # the class's attribute again
+        self._patches.undo(self._patch)
 
     def lookup(self, index: Any) -> Any:
         """A ``PyDataset`` lookup while installed (any thread)."""
@@ -200,8 +215,13 @@ class IndexSkip:
     def fast_forward(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """A ``DataLoader``'s new iterator, its first ``count`` batches skipped by index (one
         thread: the one that iterates)."""
-        next_index = getattr(iterator, "_next_index", None)
-        if next_index is None or not hasattr(iterator, "_num_yielded"):
+        next_index = internals.read(iterator, "next_index")
+        yielded = internals.attr("num_yielded")
+        if next_index is None or not internals.has(iterator, "num_yielded"):
+            if not self._load_all and type(iterator).__name__ in _TORCH_ITERATORS:
+                gone = "next_index" if next_index is None else "num_yielded"
+                label = internals.INTERNALS[gone].label
+                log.warning("autockpt: this torch has no %s; the skipped batches are drawn", label)
             self._load_all = True  # an iterator of another kind: drawn
         # Each count is updated before ``remaining``: once it reads 0 (another thread may look),
         # the counts are final.
@@ -209,7 +229,7 @@ class IndexSkip:
             try:
                 if self._stand_in is not None and not self._load_all:
                     next_index()  # type: ignore[misc]  # the index the interrupted run loaded here
-                    iterator._num_yielded += 1  # type: ignore[attr-defined]
+                    setattr(iterator, yielded, getattr(iterator, yielded) + 1)
                     self.served += 1
                     self.remaining -= 1
                     yield self._stand_in
@@ -261,14 +281,12 @@ class IndexSkip:
         watching the global generators: True if it stands in for the skipped batches; False
         (said why, the generators put back) if it drew from them or failed, and the workers
         then load every skipped batch, so their draws stay in sequence."""
-        from torch.utils.data.dataloader import _DatasetKind
-
         before = capture_shared()
         name = type(loader.dataset).__name__
         try:
-            fetcher = _DatasetKind.create_fetcher(
-                _DatasetKind.Map, loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
-            )
+            fetcher = internals.loader_fetcher(loader)
+            if fetcher is None:
+                raise LookupError("this torch has no DataLoader fetcher autockpt knows (autockpt_keras.internals)")
             batch = fetcher.fetch(index)
         except Exception as error:  # e.g. state its worker_init_fn would have made: the workers load it
             why = f"{name}'s first skipped batch could not be loaded outside the workers ({type(error).__name__}: {error})"
@@ -286,7 +304,7 @@ class IndexSkip:
     def _watched_load(self, iterator: Any) -> Any:
         """``next(iterator)``, the generators compared from after its index is drawn (a
         shuffling sampler draws from torch's generator) to after the load."""
-        draw_index = iterator._next_index
+        draw_index = internals.read(iterator, "next_index")
         seen: list[Any] = []
 
         def index_then_watch() -> Any:
@@ -294,11 +312,12 @@ class IndexSkip:
             seen.append(capture_shared())
             return index
 
-        iterator._next_index = index_then_watch
+        patches = PatchStack()
+        patches.set(iterator, internals.attr("next_index"), index_then_watch)
         try:
             batch = next(iterator)
         finally:
-            del iterator._next_index  # the iterator's own method again
+            patches.undo_all()  # the iterator's own method again
         if seen and capture_shared() != seen[0]:  # this load is still counted in ``remaining``
             self._draws_seen(type(getattr(self.original, "dataset", self.original)).__name__, self.remaining - 1)
         return batch

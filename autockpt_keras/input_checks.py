@@ -10,13 +10,16 @@ generator); the callback warns with those reasons (a
 
 Call order and threading: :func:`inspect_inputs` once, in ``on_train_begin``, on the training
 thread; it only reads the data adapter and the Python objects of a tf.data pipeline (nothing
-is drawn).
+is drawn). The private names of adapters and tf.data it reads are in
+:mod:`autockpt_keras.internals`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Iterable
+
+from . import internals
 
 
 #: Backends on which a resumed epoch continues at the checkpoint's batch (others replay it).
@@ -53,7 +56,7 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
     threaded = False
     if name == "ArrayDataAdapter":
         kind = "arrays"
-        if getattr(adapter, "_shuffle", False) and backend == "tensorflow" and not _tf_global_seed_set():
+        if backend == "tensorflow" and internals.shuffles_arrays(adapter) and not _tf_global_seed_set():
             problems.append(
                 "array inputs with shuffle=True are shuffled on the TensorFlow backend by "
                 "tf.random.shuffle, which is unseeded here, so a new process draws another order: "
@@ -61,7 +64,7 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
             )
     elif name == "TFDatasetAdapter":
         kind = "tf.data"
-        found, reshuffles = tf_dataset_problems(getattr(adapter, "_dataset", None))
+        found, reshuffles = tf_dataset_problems(internals.tf_dataset(adapter))
         problems.extend(found)
     elif name == "PyDatasetAdapter":
         kind = "PyDataset"
@@ -70,7 +73,7 @@ def inspect_inputs(epoch_iterator: Any | None, backend: str) -> InputReport:
         threaded = loads_ahead(backend) or getattr(adapter, "enqueuer", None) is not None
     elif name == "TorchDataLoaderAdapter":
         kind = "torch DataLoader"
-        problems.extend(torch_loader_problems(getattr(adapter, "_dataloader", None)))
+        problems.extend(torch_loader_problems(internals.torch_dataloader(adapter)))
         # TensorFlow iterates the loader in tf.data's prefetch thread (from_generator)
         threaded = loads_ahead(backend)
     elif name == "GeneratorDataAdapter":
@@ -112,15 +115,11 @@ def jax_backend() -> str:
 
 
 def _tf_global_seed_set() -> bool:
-    try:
-        from tensorflow.python.eager import context
-    except ImportError:  # pragma: no cover
-        return False
-    return context.global_seed() is not None
+    """Whether a global seed is set (True where this TensorFlow cannot say: nothing to warn about)."""
+    global_seed = internals.read(internals.module("tensorflow.python.eager.context"), "tf_global_seed")
+    return global_seed is None or global_seed() is not None
 
 
-_FUNCTION_ATTRS = ("_map_func", "_predicate", "_func", "_key_func", "_reduce_func", "_finalize_func",
-                   "_init_func", "_scan_func", "_window_size_func")
 _GENERATOR_OPS = {"StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt", "StatefulStandardNormalV2",
                   "StatefulTruncatedNormal", "RngReadAndSkip", "RngSkip", "StatefulRandomBinomial"}
 _SEEDED_OPS = {"TruncatedNormal", "Multinomial", "ParameterizedTruncatedNormal"}
@@ -149,11 +148,13 @@ def tf_dataset_problems(dataset: Any) -> tuple[list[str], bool]:
         seeds = _seeds(ds)
         if seeds is not None and seeds == (0, 0):
             problems.append(f"an unseeded {kind} (pass seed= or call keras.utils.set_random_seed before building it)")
-        if getattr(ds, "_reshuffle_each_iteration", False):
+        for gone in internals.tf_dataset_missing(ds):
+            problems.append(f"autockpt cannot check {kind}: this TensorFlow has no {gone.label} ({gone.needed_for})")
+        if internals.read(ds, "reshuffle_each_iteration"):
             reshuffles = True
-        if getattr(ds, "_deterministic", None) == "false":
+        if internals.read(ds, "deterministic") == "false":
             problems.append(f"{kind} with deterministic=False")
-        for attr in _FUNCTION_ATTRS:
+        for attr in internals.TF_FUNCTION_ATTRS:
             wrapper = getattr(ds, attr, None)
             graph = getattr(getattr(wrapper, "function", None), "graph", None)
             if graph is None:
@@ -174,17 +175,21 @@ def _walk_datasets(dataset: Any) -> Iterable[Any]:
             continue
         seen.add(id(ds))
         yield ds
+        inputs = internals.read(ds, "dataset_inputs")
+        if inputs is None:
+            continue
         try:
-            todo.extend(ds._inputs())
+            todo.extend(inputs())
         except Exception:  # a dataset without inputs information
             pass
 
 
 def _seeds(ds: Any) -> tuple[int, int] | None:
-    if not (hasattr(ds, "_seed") and hasattr(ds, "_seed2")):
+    seed, seed2 = internals.read(ds, "dataset_seed"), internals.read(ds, "dataset_seed2")
+    if seed is None or seed2 is None:
         return None
     try:
-        return int(_as_int(ds._seed)), int(_as_int(ds._seed2))
+        return int(_as_int(seed)), int(_as_int(seed2))
     except (TypeError, ValueError):
         return None
 

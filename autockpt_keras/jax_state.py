@@ -9,8 +9,9 @@ step went from 2.3 to 4.2 ms for a callback that only reads ``self.model`` at ea
 end. So the callback reads the step from the detached optimizer state here, per batch, and
 only the snapshot syncs (:class:`~autockpt_keras.copying.JaxCopier`).
 
-Keras internals used (Keras 3.15's JAX trainer): ``_jax_state["optimizer_variables"]`` (in
-the order of ``optimizer.variables``) and ``_jax_state_synced``.
+Keras internals used (through :mod:`autockpt_keras.internals`): ``_jax_state["optimizer_variables"]``
+(in the order of ``optimizer.variables``) and ``_jax_state_synced``; without them the state is
+reattached (``jax_state_sync()``) to read the step.
 
 Under ``jax.distributed`` a variable's array spans every process's devices and this process
 can read only its own copies: :func:`local_value` gives one of them (every copy holds the
@@ -21,9 +22,16 @@ Threading: the training thread, inside ``fit()``'s batch hooks.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Any
 
 from autockpt_core import AutockptError
+from autockpt_core.internals_door import MISSING
+
+from . import internals
+
+log = logging.getLogger("autockpt")
 
 
 def optimizer_step(model: Any) -> int:
@@ -31,14 +39,27 @@ def optimizer_step(model: Any) -> int:
     holds it (else from the variable)."""
     optimizer = model.optimizer
     iterations = optimizer.iterations
-    state = getattr(model, "_jax_state", None)
-    if state and not getattr(model, "_jax_state_synced", True):
+    state = internals.jax_state(model)
+    if state is MISSING:
+        _tell_missing_once(model)
+        model.jax_state_sync()
+    elif state is not None:
         values = state.get("optimizer_variables") or ()
         for variable, value in zip(optimizer.variables, values):
             if variable is iterations:
                 return int(local_value(value))
         model.jax_state_sync()  # not found (another optimizer layout): reattach, then read
     return int(local_value(iterations.value))
+
+
+_told: weakref.WeakSet[Any] = weakref.WeakSet()  # the models a missing name was logged for
+
+
+def _tell_missing_once(model: Any) -> None:
+    if model not in _told:
+        _told.add(model)
+        names = " or ".join(internals.INTERNALS[key].label for key in ("jax_state", "jax_state_synced"))
+        log.warning("autockpt: this Keras has no %s; the state is reattached to read the step at every batch", names)
 
 
 def global_step(model: Any, backend: str) -> int:

@@ -27,6 +27,8 @@ from typing import Any, Iterable
 
 from autockpt_core import rng as core_rng
 
+from . import internals
+
 __all__ = ["capture", "restore"]
 
 
@@ -93,11 +95,14 @@ def restore(state: dict[str, Any], backend: str, keep: Iterable[str] = ()) -> li
 
 
 def _keras_seed_state() -> list[int] | None:
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-
+    """The global SeedGenerator's state; None where there is none (or this Keras has it elsewhere:
+    ``check_internals`` named that)."""
+    seed_generator = internals.module("keras.src.random.seed_generator")
+    get_global = internals.read(internals.module("keras.src.backend.common.global_state"), "global_state")
+    if seed_generator is None or get_global is None:
+        return None
     # the attribute's name: a constant since Keras 3.6, the same string before it
-    gen = global_state.get_global_attribute(getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator"))
+    gen = get_global(getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator"))
     if gen is None:
         return None
     return [int(v) for v in _to_numpy(gen.state.value).reshape(-1)]
@@ -105,9 +110,11 @@ def _keras_seed_state() -> list[int] | None:
 
 def _restore_keras_seed(values: list[int]) -> None:
     import numpy as np
-    from keras.src.random import seed_generator
 
-    gen = seed_generator.global_seed_generator()  # created (drawing from Python's random) if absent
+    global_seed_generator = internals.read(internals.module("keras.src.random.seed_generator"), "seed_generator")
+    if global_seed_generator is None:
+        return
+    gen = global_seed_generator()  # created (drawing from Python's random) if absent
     current = _to_numpy(gen.state.value)
     gen.state.assign(np.asarray(values, dtype=current.dtype).reshape(current.shape))
 
@@ -126,11 +133,7 @@ def _to_numpy(value: Any) -> Any:
 def _tf_global_state() -> dict[str, Any] | None:
     if "tensorflow" not in sys.modules:
         return None
-    try:
-        from tensorflow.python.ops import stateful_random_ops
-    except ImportError:  # pragma: no cover - a TensorFlow without this module
-        return None
-    gen = getattr(stateful_random_ops, "global_generator", None)
+    gen = internals.read(internals.module("tensorflow.python.ops.stateful_random_ops"), "tf_global_generator")
     if gen is None:
         return None
     return {"algorithm": int(gen.algorithm), "state": [int(v) for v in gen.state.numpy().reshape(-1)]}

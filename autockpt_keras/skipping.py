@@ -8,11 +8,11 @@ data pipeline does per batch (its RNG draws, a ``PyDataset``'s ``__getitem__``, 
 random ops) in step with the uninterrupted run; it costs the data loading of those batches.
 Which batches are the same batches is :mod:`autockpt_keras.data_stream`'s part.
 
-Keras internals used (checked against Keras 3.15's TensorFlow, torch and JAX trainers):
-``model.train_function``, which ``fit()`` looks up at every batch, the epoch iterator's
-``_current_iterator`` and ``_steps_seen``, and for :func:`build_metrics` ``model._symbolic_build``
-or, for a functional model, what it calls (``Functional.output``, ``model.compute_metrics``,
-``model._compute_loss``, ``compute_output_spec``).
+Keras internals used (through :mod:`autockpt_keras.internals`): ``model.train_function``, which
+``fit()`` looks up at every batch (swapped through the callback's patch stack), the epoch
+iterator's ``_current_iterator`` and ``_steps_seen``, and for :func:`build_metrics`
+``model._symbolic_build`` or, for a functional model, what it calls (``Functional.output``,
+``model.compute_metrics``, ``model._compute_loss``, ``compute_output_spec``).
 
 Call order: :func:`unwrap_train_function` first in ``on_train_begin`` (a skip left installed
 by a failed ``fit()``); :func:`build_metrics` when the checkpoint is restored; a
@@ -26,6 +26,10 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Callable
+
+from autockpt_core.internals_door import Patch, PatchStack
+
+from . import internals
 
 log = logging.getLogger("autockpt")
 
@@ -50,8 +54,11 @@ class SkipSteps:
         drop: int = 0,
         epoch_iterator: Any | None = None,
         before_first_step: Callable[[], None] | None = None,
+        patches: PatchStack | None = None,
     ) -> None:
         self.model = model
+        self._patches = patches if patches is not None else PatchStack()
+        self._patch: Patch | None = None
         self.original = model.train_function
         self.skipping = False
         self.drop = int(drop)
@@ -62,11 +69,11 @@ class SkipSteps:
         self._metrics_built = False
 
     def install(self) -> None:
-        self.model.train_function = self
+        self._patch = self._patches.set(self.model, "train_function", self)
 
     def uninstall(self) -> None:
-        if self.model.train_function is self:
-            self.model.train_function = self.original
+        self._patches.undo(self._patch)
+        self._patch = None
 
     def __call__(self, *args: Any) -> Any:
         # TensorFlow and torch call train_function(data); JAX calls train_function(state,
@@ -104,7 +111,7 @@ class SkipSteps:
         ei = self.epoch_iterator
         if isinstance(data, (list, tuple)):
             # torch: fit() drew the stream's first batch already; draw n more, keep the last.
-            iterator = getattr(ei, "_current_iterator", None) if ei is not None else None
+            iterator = internals.current_iterator(ei)
             if iterator is None:
                 raise RuntimeError("autockpt: cannot reach fit()'s data iterator to skip batches of earlier epochs")
             batch = None
@@ -115,7 +122,7 @@ class SkipSteps:
             for _ in range(n):
                 next(data)
         if ei is not None:
-            ei._steps_seen += n  # Keras' own count of the stream, as in the interrupted run
+            internals.add_steps_seen(ei, n)  # Keras' own count of the stream, as in the interrupted run
         self.dropped += n
         return data
 
@@ -129,16 +136,16 @@ def build_metrics(model: Any, epoch_iterator: Any | None, batch: Any = None) -> 
     ``model.get_metrics_result()``. Builds from ``batch`` or the input's ``element_spec``
     (symbolically: no data is drawn, no generator advances). Returns True when built.
     """
-    compiled = [getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None)]
-    if all(m is None or m.built for m in compiled):
+    if all(m.built for m in internals.compiled_metrics_and_loss(model)):
         return True
     if batch is None:
-        batch = getattr(getattr(epoch_iterator, "_distributed_dataset", None), "element_spec", None)
-    if batch is None:
+        batch = internals.element_spec(epoch_iterator)
+    symbolic_build = internals.read(model, "symbolic_build")
+    if batch is None or symbolic_build is None:
         return False
     try:
         if not _build_from_outputs(model, batch):
-            model._symbolic_build(data_batch=batch)
+            symbolic_build(data_batch=batch)
     except Exception as exc:  # not fatal: the metrics are built by the first real step instead
         log.info("autockpt: could not build the compiled metrics early: %s", exc)
         return False
@@ -150,26 +157,31 @@ def _build_from_outputs(model: Any, batch: Any) -> bool:
     functional model's symbolic output instead of a symbolic pass through every layer again
     (0.09-0.11 s of a restart for the study's 40-layer MLP, 0.01 s this way). False, having
     built nothing, for a subclassed model or one with a layer not built yet."""
-    from keras.src import backend, tree
-    from keras.src.models.functional import Functional
-    from keras.src.trainers.data_adapters import data_adapter_utils
+    import keras
 
-    graph = getattr(model, "_functional", None) if not isinstance(model, Functional) else model
-    if not isinstance(graph, Functional) or not all(layer.built for layer in model._flatten_layers()):
+    functional = internals.read(internals.module("keras.src.models.functional"), "functional_class")
+    output_spec = internals.read(internals.module("keras.src.backend"), "compute_output_spec")
+    if functional is None or output_spec is None:
+        return False
+    graph = internals.read(model, "functional") if not isinstance(model, functional) else model
+    layers, compute_loss = internals.read(model, "flatten_layers"), internals.read(model, "compute_loss")
+    if not isinstance(graph, functional) or layers is None or compute_loss is None:
+        return False
+    if not all(layer.built for layer in layers()):
         return False
 
     def symbolic(value: Any) -> Any:
         if value is None:
             return None
-        return backend.KerasTensor(value.shape, backend.standardize_dtype(value.dtype))
+        return keras.KerasTensor(value.shape, keras.backend.standardize_dtype(value.dtype))
 
-    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(tree.map_structure(symbolic, batch))
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(keras.tree.map_structure(symbolic, batch))
     y_pred = graph.output
-    metrics, loss = getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None)
+    metrics, loss = internals.read(model, "compile_metrics"), internals.read(model, "compile_loss")
     if metrics is not None and not metrics.built:
-        backend.compute_output_spec(model.compute_metrics, x, y, y_pred, sample_weight=sample_weight)
+        output_spec(model.compute_metrics, x, y, y_pred, sample_weight=sample_weight)
     if loss is not None and not loss.built:
-        backend.compute_output_spec(model._compute_loss, x, y, y_pred, sample_weight=sample_weight, training=False)
+        output_spec(compute_loss, x, y, y_pred, sample_weight=sample_weight, training=False)
     return True
 
 
@@ -193,12 +205,13 @@ def jax_logs(model: Any, state: Any) -> dict[str, Any]:
     """:func:`current_logs` on JAX, inside ``fit()``: the metric variables are detached from
     the model then (``fit()`` keeps their values in ``state``, its 4th part), so the results
     are computed from ``state``'s values."""
-    from keras.src.backend.common.stateless_scope import StatelessScope
-
+    scope = internals.read(internals.module("keras.src.backend.common.stateless_scope"), "stateless_scope")
     metric_values = state[3] if isinstance(state, (list, tuple)) and len(state) == 4 else None
+    if scope is None:  # the metric variables are detached: nothing to read them with
+        return {}
     if not metric_values:
         return current_logs(model)
-    with StatelessScope(state_mapping=list(zip(model.metrics_variables, metric_values))):
+    with scope(state_mapping=list(zip(model.metrics_variables, metric_values))):
         return current_logs(model)
 
 

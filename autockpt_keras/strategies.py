@@ -26,6 +26,8 @@ from typing import Any
 
 from autockpt_core import AutockptError
 
+from . import internals
+
 #: Strategies that keep the whole training in this process (MultiWorkerMirroredStrategy: with one worker).
 ONE_PROCESS = ("_DefaultDistributionStrategy", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy")
 #: Class names under their public names (``tf.distribute.MultiWorkerMirroredStrategy`` objects
@@ -35,7 +37,7 @@ PUBLIC_NAMES = {"CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
 
 def model_strategy(model: Any) -> Any | None:
     """The ``tf.distribute.Strategy`` the model was built under (None: none, or another backend)."""
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = internals.model_strategy(model)
     if strategy is None and "tensorflow" in sys.modules:
         import tensorflow as tf
 

@@ -22,33 +22,11 @@ Threading: read-only lookups, on the thread of the hook that calls them.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
 
-from autockpt_core import AutockptError, ResumeNotExactWarning
-
-log = logging.getLogger("autockpt")
-
-
-@dataclasses.dataclass(frozen=True)
-class Internal:
-    """One private Lightning attribute: the class that holds it, its name, what autockpt loses
-    without it, and whether autockpt can run at all without it."""
-
-    owner: str
-    attr: str
-    needed_for: str
-    required: bool = False
-    exactness: bool = True  # without it a resume may not be exact (a ResumeNotExactWarning)
-
-    @property
-    def label(self) -> str:
-        return f"{self.owner}.{self.attr}"
-
+from autockpt_core.internals_door import MISSING, Internal, absent, lookup, report_missing
 
 INTERNALS: dict[str, Internal] = {
     "checkpoint_connector": Internal("Trainer", "_checkpoint_connector", "writing and restoring checkpoints", True),
@@ -93,17 +71,15 @@ INTERNALS: dict[str, Internal] = {
     ),
 }
 
-_MISSING = object()
-
 
 def read(obj: Any, key: str) -> Any | None:
     """``obj``'s attribute for ``INTERNALS[key]``; None where this Lightning has no such name."""
-    value = getattr(obj, INTERNALS[key].attr, _MISSING)
-    return None if value is _MISSING else value
+    value = lookup(INTERNALS, obj, key)
+    return None if value is MISSING else value
 
 
 def has(obj: Any, key: str) -> bool:
-    return getattr(obj, INTERNALS[key].attr, _MISSING) is not _MISSING
+    return lookup(INTERNALS, obj, key) is not MISSING
 
 
 # -- the adapter's accessors ---------------------------------------------------------------------
@@ -153,8 +129,8 @@ def validation_next(trainer: pl.Trainer, fetcher: Any) -> bool | None:
 
 def wrapped_sampler(dataset: Any) -> Any:
     """The sampler a ``DistributedSamplerWrapper``'s dataset wraps; :data:`UNKNOWN` where missing."""
-    value = getattr(dataset, INTERNALS["wrapped_sampler"].attr, _MISSING)
-    return UNKNOWN if value is _MISSING else value
+    value = lookup(INTERNALS, dataset, "wrapped_sampler")
+    return UNKNOWN if value is MISSING else value
 
 
 UNKNOWN = object()
@@ -208,30 +184,10 @@ def missing(trainer: pl.Trainer) -> list[Internal]:
         from lightning.fabric.utilities import load
 
         holders += [(trainer.strategy, ("save_distributed_checkpoint",)), (load, ("metadata_filename",))]
-    return [INTERNALS[key] for obj, keys in holders for key in keys if not has(obj, key)]
+    return absent(INTERNALS, holders)
 
 
 def check_internals(trainer: pl.Trainer) -> None:
     """At ``setup("fit")``: refuse a Lightning without a required internal, naming it; say what
     is off without any other (one warning)."""
-    gone = missing(trainer)
-    if not gone:
-        return
-    release = f"Lightning {pl.__version__}"
-    fix = ("Fix: install a Lightning release the README's 'Supported versions' lists, and report "
-           "this release (the canaries: python -m pytest tests/compat).")
-    required = [i for i in gone if i.required]
-    if required:
-        names = "; ".join(f"{i.label} ({i.needed_for})" for i in required)
-        raise AutockptError(f"autockpt cannot run on {release}: it has no {names}. {fix}")
-    inexact = [i for i in gone if i.exactness]
-    if inexact:
-        names = "; ".join(f"{i.label}: {i.needed_for}" for i in inexact)
-        warnings.warn(
-            f"autockpt: {release} has no {names}. Resuming mid-epoch may not be exact without it. {fix}",
-            ResumeNotExactWarning,
-            stacklevel=3,
-        )
-    for i in gone:
-        if not i.exactness:
-            log.warning("autockpt: %s has no %s; off without it: %s", release, i.label, i.needed_for)
+    report_missing(missing(trainer), f"Lightning {pl.__version__}", stacklevel=4)
