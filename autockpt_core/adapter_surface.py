@@ -13,6 +13,7 @@ ADAPTER_SURFACE = frozenset(
         "autockpt_core.checkpoint_event",
         "autockpt_core.fit_driver",  # the checkpoint protocol of one fit(), driven from the hooks
         "autockpt_core.internals_door",  # a framework's private names: table, lookups, report, undo stack
+        "autockpt_core.preemption_sources",  # the fit's preemption handler: signals, a deadline
         "autockpt_core.rng",  # Python's and numpy's generators, which adapters extend
         "autockpt_core.units",  # human sizes and durations (the demos print them)
         "autockpt_core.agreed_check",  # files every process wrote, verified by all

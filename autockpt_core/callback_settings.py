@@ -141,6 +141,7 @@ class CallbackSettings:
         allow_pickle: bool = _D["allow_pickle"],
         status_file: bool = _D["status_file"],
         grace_period: float | str = _D["grace_period"],
+        deadline: float | str | None = _D["deadline"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import tomllib
 
 from .config_hints import unknown_setting, warn_ignored_with_every_n_steps
+from .deadline import resolve as resolve_deadline
 from .errors import ConfigError
 from .preemption import DEFAULT_SIGNALS, ON_PREEMPT, signal_names
 from .units import parse_duration, parse_fraction
@@ -110,6 +111,10 @@ class Config:
             emergency fits inside it, the message says how much of it the commit took, and
             autockpt warns once when a measured checkpoint (stall plus persist) would not fit.
             Default "30s".
+        deadline: When the job ends (a Slurm time limit, a reserved slot): a duration from the
+            process start ("3h50m"), an ISO wall time, "slurm" (Slurm's end time where the
+            environment gives it; the default) or None. The emergency checkpoint starts early
+            enough to be durable before it; the run then exits 143 (docs/reliability.md).
         mirror_takeover: Take a URL mirror's claim from a run that still renews it (that
             run stops uploading at its next heartbeat, with ``MirrorWriteError``). Off by
             default: a live claim refuses the second run, naming the holder. For a job that
@@ -155,6 +160,7 @@ class Config:
     allow_pickle: bool = False
     status_file: bool = True
     grace_period: float = 30.0
+    deadline: Any = "slurm"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -207,13 +213,10 @@ class Config:
         for name in ("async_persist", "resume", "adaptive", "verbose", "mirror_takeover", "allow_pickle", "status_file"):
             set_(self, name, _check_bool(name, getattr(self, name)))
         if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                "schedule",
-                self.schedule,
-                "is not a known schedule",
-                f"use one of {', '.join(repr(s) for s in SCHEDULES)}",
-            )
+            known = ", ".join(repr(s) for s in SCHEDULES)
+            raise ConfigError("schedule", self.schedule, "is not a known schedule", f"use one of {known}")
         set_(self, "signals", _check_signals(self.signals))
+        resolve_deadline(self.deadline, environ={})  # the form only: Slurm's end time is read at the fit's start
         if self.on_preempt not in ON_PREEMPT:
             raise ConfigError(
                 "on_preempt",

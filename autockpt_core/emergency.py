@@ -35,13 +35,13 @@ def mirror_wait(config: Config, elapsed_s: float) -> float:
 
 def commit_emergency(
     session: CheckpointSession | None, step: int, signum: int, *, on_preempt: str, verbose: bool,
-    received_at: float | None = None,
+    received_at: float | None = None, source: str | None = None,
 ) -> PreemptionRecord:
     """Block until the newest checkpoint is durable and listed in ``dirpath``; with a mirror,
     give it :func:`mirror_wait` to get there too (best effort); print what happens next, naming
     which tier holds what and how many seconds of ``grace_period`` the commit took since the
     signal (``received_at``, ``time.monotonic()``; None: since this call, e.g. another
-    process's signal).
+    process's signal). ``source``: who asked, where not the signal itself (e.g. "deadline").
 
     Raises the persist's :class:`~autockpt_core.CheckpointWriteError` only if the checkpoint
     is not committed in ``dirpath`` (the previous one then stays the newest): a preemption never
@@ -49,6 +49,7 @@ def commit_emergency(
     the local checkpoint is what a rerun on this node resumes from, and the run exits 128 + n.
     """
     name = signal.Signals(signum).name
+    asked = f"{name} received" if source in (None, name) else f"the {source} came ({name})"
     since = time.monotonic() if received_at is None else received_at
     path, durable_s = None, None
     if session is not None:
@@ -75,7 +76,7 @@ def commit_emergency(
             then = f"exiting with status {exit_code(signum)}" if on_preempt == "exit" else "training continues"
             what = f"nothing trained since step {step}"
             if path:
-                took = f"{durable_s:.1f} s after the signal (grace_period {session.config.grace_period:g} s)"
+                took = f"{durable_s:.1f} s after the {'signal' if source in (None, name) else source} (grace_period {session.config.grace_period:g} s)"
                 what = f"checkpoint of step {step} committed ({path}) {took}{in_mirror}"
-            print(f"autockpt: {name} received; {what}; {then}", flush=True)
+            print(f"autockpt: {asked}; {what}; {then}", flush=True)
     return PreemptionRecord(step=step, signal=name, path=path, durable_s=durable_s if path else None)

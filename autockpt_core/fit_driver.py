@@ -52,6 +52,7 @@ from .fit_records import FitRecords
 from .policy.process_group import ProcessGroup
 from .policy.rank_timing import RankTimes, StepClock
 from .preemption import Preempted, PreemptionHandler, PreemptionRecord
+from .preemption_sources import emergency_lead
 from .session import CheckpointSession
 from .step_ring import Drained, StepRing
 from .summary import RunSummary
@@ -115,19 +116,17 @@ class FitDriver:
         self.session = session
         self.preemption = preemption
         self.save_on_train_end = save_on_train_end
-        self._take = take
-        self._signals_wait = signals_wait
+        self._take, self._signals_wait = take, signals_wait
         self._publish = publish
         self._drain = drain
-        self._nothing_left = nothing_left
-        self._device_busy = device_busy
-        self._preparing = preparing
-        self._loss_of = loss_of
+        self._nothing_left, self._loss_of = nothing_left, loss_of
+        self._device_busy, self._preparing = device_busy, preparing
         # the session's clock: the steps' end times go to it
         self._clock = clock if clock is not None else (session.clock if session is not None else time.perf_counter)
         self._step_clock = StepClock(self._clock)
         self._ring = StepRing()
         self._signals = preemption if preemption is not None else _NoSignal()
+        emergency_lead(preemption, session)  # a deadline's lead: the emergency cost the session measures
         self._gate = PreparationGate(self._clock, exact_steps=config.every_n_steps is not None)
         self._finish_lock = threading.Lock()
         self._finished = False
@@ -423,6 +422,7 @@ class FitDriver:
             self.preempted = commit_emergency(
                 self.session, step, signum, on_preempt=self.config.on_preempt, verbose=self.config.verbose,
                 received_at=getattr(self._signals, "received_at", None),  # None: another process's signal
+                source=getattr(self._signals, "source", None),
             )
         except Exception as exc:  # not committed: every process stops with it
             error = exc

@@ -42,8 +42,14 @@ installed its own handler on top of ours meanwhile, that one is left in place an
 stops recording (it then forwards the signal as the previous handler would have handled it).
 
 Threading: Python runs signal handlers in the main thread only, and ``signal.signal`` may only
-be called there; ``install`` on another thread installs nothing, logs why and returns False
-(``requested`` then stays False; the adapter's periodic checkpoints still work).
+be called there; ``install`` on another thread installs no signal handler and logs why
+(``requested`` then stays False unless a source asks; the adapter's periodic checkpoints still
+work).
+
+Other sources (``sources``: a deadline, :mod:`autockpt_core.preemption_sources`) are started by
+``install`` and stopped by ``uninstall``; from their own threads they call :meth:`request`,
+which the training loop sees exactly as a signal (``requested``, ``signum``; ``source`` names
+who asked).
 """
 
 from __future__ import annotations
@@ -157,8 +163,11 @@ class PreemptionHandler:
         *,
         chain: bool = True,
         alive: Callable[[FrameType | None], bool] | None = None,
+        sources: Iterable[Any] = (),
     ) -> None:
         self.signals = signal_names(signals)
+        self.sources = tuple(sources)  # PreemptionSource objects: start(request), stop()
+        self.source: str | None = None  # who asked: a signal's name, or a source's
         self.chain = chain
         self.alive = alive  # called in the handler with the interrupted frame
         self.signum: int | None = None  # the first signal since the last clear()
@@ -167,6 +176,7 @@ class PreemptionHandler:
         self._first_at = 0.0  # time.monotonic() of the signal being acted on
         self._previous: dict[int, _Handler] = {}
         self._installed = False
+        self._sources_running = False
 
     # -- training thread ---------------------------------------------------------------------
 
@@ -191,12 +201,27 @@ class PreemptionHandler:
     def clear(self) -> None:
         """Forget the received signal (``on_preempt="continue"``, after the checkpoint)."""
         self.signum = None
+        self.source = None
         self.absorbed = 0
 
+    def request(self, signum: int, source: str) -> None:
+        """A source other than a signal asks for the emergency checkpoint (any thread): taken as
+        ``signum`` arriving now, unless a request is already being acted on."""
+        if self.signum is None:
+            self._first_at = time.monotonic()
+            self.source = source
+            self.signum = signum  # last: the training thread reads signum first
+
     def install(self) -> bool:
-        """Install the handler for every signal; True when installed (main thread only)."""
+        """Install the handler for every signal (main thread only) and start the sources; True
+        when the signals' handlers are installed."""
         if self._installed:
             return True
+        if not self._sources_running:
+            self.signum = self.source = None
+            self._sources_running = True
+            for source in self.sources:
+                source.start(self.request)
         if not self.signals:
             return False
         if threading.current_thread() is not threading.main_thread():
@@ -207,7 +232,6 @@ class PreemptionHandler:
                 threading.current_thread().name,
             )
             return False
-        self.signum = None
         self.count = 0
         self.absorbed = 0
         self._previous = {}
@@ -219,7 +243,11 @@ class PreemptionHandler:
         return True
 
     def uninstall(self) -> None:
-        """Put the previous handlers back (where ours is still the installed one)."""
+        """Stop the sources; put the previous handlers back (where ours is still the installed one)."""
+        if self._sources_running:
+            self._sources_running = False
+            for source in self.sources:
+                source.stop()
         if not self._installed:
             return
         self._installed = False
@@ -271,8 +299,9 @@ class PreemptionHandler:
             _deliver(signum, frame, previous)
             return
         if self.signum is None:
-            self.signum = signum
             self._first_at = time.monotonic()
+            self.source = signal.Signals(signum).name
+            self.signum = signum
         # Python's SIGINT handler raises KeyboardInterrupt mid-step: the first SIGINT is ours alone.
         if self.chain and callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)

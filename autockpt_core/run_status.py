@@ -73,10 +73,18 @@ class StatusFile:
         self._broken = False
 
     def due(self, state: str) -> bool:
-        """Whether :meth:`report` of ``state`` would write now (callers skip gathering figures if not)."""
+        """Whether :meth:`report` of ``state`` would write now, or (no file) refresh the figures
+        :meth:`emergency_lead_s` reads; callers skip gathering figures if not."""
         if self.path is None or self._broken:
-            return False
+            return self._interval_passed()
         return state != self._figures.state or self._interval_passed()
+
+    def emergency_lead_s(self) -> float | None:
+        """The measured cost of an emergency checkpoint now: a step to reach its boundary, the
+        stall and the persist (None before a checkpoint was measured). Any thread."""
+        f = self._figures
+        emergency, step = f.emergency_s, f.step_s
+        return None if emergency is None else emergency + (step or 0.0)
 
     def report(self, state: str, step: int, *, run: str | None = None, estimates: Estimates | None = None,
                next_step: int | None = None, force: bool = False) -> None:
@@ -131,11 +139,11 @@ class StatusFile:
         return self._clock() - self._last_write >= self.every_s
 
     def _write(self, force: bool) -> None:
-        if self.path is None or self._broken:
-            return
         if not force and not self._interval_passed():
             return
         self._last_write = self._clock()
+        if self.path is None or self._broken:
+            return  # the figures alone were refreshed
         temporary = self.path.with_name(f".autockpt-tmp-status-{os.getpid()}")  # removed at a resume if left
         try:
             temporary.write_text(json.dumps(self.contents(), indent=1) + "\n", encoding="utf-8")

@@ -121,7 +121,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._backend = ""
         self._patches = PatchStack()  # what fit() runs with swapped (internals.py): the start epoch, ...
         self._start_epoch: Patch | None = None
-        self._guard = FitGuard(())  # per fit(): its handlers, and a watch for a fit() that raised
+        self._guard = FitGuard()  # per fit(): its handlers, and a watch for a fit() that raised
         self._processes: Processes = Processes()  # replaced per fit() (jax.distributed: several)
         self._step_end: Callable[..., None] = self._before_fit  # the driver's, from on_train_begin
         self._prepare = self._prepare_buffers  # bound once: the per-batch hook passes them on
@@ -184,7 +184,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
                 ResumeNotExactWarning,
                 stacklevel=2,
             )
-        self._guard = FitGuard(self.config.signals)
+        self._guard = FitGuard(self.config)
         driver = self._driver = FitDriver(
             self.config, processes, self.session, self._take, save_on_train_end=self.save_on_train_end,
             preemption=self._guard.preemption, nothing_left=self._nothing_left,

@@ -6,7 +6,7 @@ not outlive it: the preemption handler, which hands a signal to the previous han
 frame is gone, and a :class:`~autockpt_keras.fit_watch.FitWatch`, which releases the session
 then.
 
-Call order (training thread): ``FitGuard(signals)`` in ``on_train_begin`` (its ``preemption``
+Call order (training thread): ``FitGuard(config)`` in ``on_train_begin`` (its ``preemption``
 goes to the driver), ``start(model, on_gone)`` once the checkpoint is restored,
 ``stop_watch()`` when ``fit()`` ends through ``on_train_end``, ``stop_signals()`` when it ends
 either way. The handler's check runs in the signal handler (main thread).
@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 import threading
 from types import FrameType
-from typing import Any, Callable, Sequence, TypeVar, cast
+from typing import Any, Callable, TypeVar, cast
 
-from autockpt_core import PreemptionHandler
+from autockpt_core import Config
+from autockpt_core.preemption_sources import preemption_for
 
 from .fit_frame import find_fit_frame, is_on_stack
 from .fit_watch import FitWatch
@@ -51,10 +52,10 @@ def ends_fit_on_error(hook: _Hook) -> _Hook:
 class FitGuard:
     """One ``fit()``'s frame, its preemption handler (None without ``signals``) and its watch."""
 
-    def __init__(self, signals: Sequence[str]) -> None:
+    def __init__(self, config: Config | None = None) -> None:
         self._frame: FrameType | None = None
         self._watch: FitWatch | None = None
-        self.preemption = PreemptionHandler(tuple(signals), alive=self._running) if signals else None
+        self.preemption = preemption_for(config, alive=self._running) if config is not None else None
 
     def start(self, model: Any, on_gone: Callable[[], None] | None) -> None:
         """Find ``fit()``'s frame, watch it (``on_gone``: called once it is gone without

@@ -52,6 +52,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from autockpt_core import BufferPool, CheckpointSession, PreemptionHandler, PreemptionRecord, Snapshot
+from autockpt_core.preemption_sources import preemption_for
 from autockpt_core.callback_settings import CallbackSettings
 from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.fit_driver import Due, FitDriver, FitRecords
@@ -180,8 +181,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         driver = self._require_driver()
-        # Samplers, then RNG: nothing may draw after it.
-        state, self._restore_state = self._restore_state, None
+        state, self._restore_state = self._restore_state, None  # samplers, then RNG: nothing may draw after it
         check_loaders, self._warned_loaders = not self._warned_loaders, True
         hidden = apply_exact_state(trainer, state, driver.resumed_from, check_loaders)
         if hidden is not None:
@@ -320,7 +320,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
     def _start_preemption(self, trainer: pl.Trainer) -> None:
         """Install the handlers (main thread); take SIGTERM over from Lightning (``signals.py``)."""
         self._stop_preemption(trainer)  # left from an earlier fit that did not end through our hooks
-        self._preemption = PreemptionHandler(self.config.signals) if self.config.signals else None
+        self._preemption = preemption_for(self.config)
         if self._preemption is not None and self._preemption.install():
             if "SIGTERM" in self._preemption.signals:
                 take_sigterm(trainer)

@@ -45,6 +45,7 @@ import json
 import os
 import random
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -64,6 +65,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--async-persist", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategy", default="none", choices=["none", "mirrored", "dataparallel", "jaxdist"])
+    parser.add_argument("--deadline", default=None, help="the callback's deadline")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds each training step sleeps (a long run)")
     return parser.parse_args(argv)
 
 
@@ -194,6 +197,10 @@ class StepProbe(keras.callbacks.Callback):
         step = local_value(iterations.value) if ARGS.strategy == "jaxdist" else iterations.numpy()
         PLAN.hit("step", step=int(step), batch=batch)
 
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if ARGS.step_sleep:
+            time.sleep(ARGS.step_sleep)  # a longer run; the weights do not change
+
 
 def _hook_snapshot() -> None:
     """Report the ``snapshot`` phase inside the callback's snapshot (after the copy)."""
@@ -239,6 +246,7 @@ def main() -> int:
                 keep_last=2,
                 async_persist=bool(ARGS.async_persist),
                 storage=storage,
+                **({"deadline": ARGS.deadline} if ARGS.deadline else {}),
             )
         )
     callbacks.append(StepProbe())

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -211,6 +212,16 @@ def _strategy(devices: int, sharded: bool) -> Any:
     return "ddp" if devices > 1 else "auto"
 
 
+class SleepEachStep(pl.Callback):
+    """A longer run: each training step sleeps (the weights do not change)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(self.seconds)
+
+
 class WaitForPersistProcess(pl.Callback):
     """Every checkpoint is then written by the persist process (until it is ready, the writer
     thread writes them)."""
@@ -247,8 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sharded", action="store_true", help="ModelParallelStrategy with FSDP2 over --devices ranks")
     parser.add_argument("--mirror", default=None, help="the callback's mirror (a URL or directory)")
     parser.add_argument("--storage-options", default=None, help="the callback's storage_options, as JSON")
+    parser.add_argument("--deadline", default=None, help="the callback's deadline")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds each training step sleeps (a long run)")
     args = parser.parse_args(argv)
-    mirrored = {} if args.baseline or not args.mirror else {"mirror": args.mirror}
+    mirrored: dict[str, Any] = {} if args.baseline or not args.mirror else {"mirror": args.mirror}
+    if args.deadline and not args.baseline:
+        mirrored["deadline"] = args.deadline
+    if args.step_sleep:
+        mirrored["extra_callbacks"] = (SleepEachStep(args.step_sleep),)
     if mirrored and args.storage_options:
         mirrored["storage_options"] = json.loads(args.storage_options)
     warnings.filterwarnings("ignore", module="lightning")
