@@ -142,6 +142,8 @@ class CallbackSettings:
         status_file: bool = _D["status_file"],
         grace_period: float | str = _D["grace_period"],
         deadline: float | str | None = _D["deadline"],
+        preemption_notice: str | None = _D["preemption_notice"],
+        notice_poll_interval: float | str = _D["notice_poll_interval"],
         config: Config | None = None,
         save_on_train_end: bool = True,
         storage: Storage | None = None,

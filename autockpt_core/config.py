@@ -19,6 +19,8 @@ from typing import Any, Mapping
 import tomllib
 
 from .config_hints import unknown_setting, warn_ignored_with_every_n_steps
+from .config_locations import check_dirpath, check_mirror, check_storage_options, path_of_location
+from .cloud_notice import parse_notice
 from .deadline import resolve as resolve_deadline
 from .errors import ConfigError
 from .preemption import DEFAULT_SIGNALS, ON_PREEMPT, signal_names
@@ -26,7 +28,6 @@ from .units import parse_duration, parse_fraction
 
 SCHEDULES = ("uniform", "front_loaded")
 SNAPSHOT_MODES = ("auto", "sync", "overlap", "device")
-LOCAL_SCHEMES = ("file://", "local://")
 """URL schemes of the local filesystem: a ``dirpath`` or ``mirror`` with one is a local
 directory (``LocalStorage``: fsync, rename, lock), not fsspec's local backend, which never fsyncs."""
 PERSIST_MODES = ("auto", "thread", "process")
@@ -115,6 +116,11 @@ class Config:
             process start ("3h50m"), an ISO wall time, "slurm" (Slurm's end time where the
             environment gives it; the default) or None. The emergency checkpoint starts early
             enough to be durable before it; the run then exits 143 (docs/reliability.md).
+        preemption_notice: Where a spot or preemptible VM's end is announced: "aws", "gce",
+            "azure" (each optionally with a base URL: "aws:http://127.0.0.1:8080"), or a URL that
+            answers 200 with a body on a notice; None (default): none is read. A notice is
+            taken like a SIGTERM (docs/reliability.md).
+        notice_poll_interval: Seconds between two looks at ``preemption_notice`` (or "5s").
         mirror_takeover: Take a URL mirror's claim from a run that still renews it (that
             run stops uploading at its next heartbeat, with ``MirrorWriteError``). Off by
             default: a live claim refuses the second run, naming the holder. For a job that
@@ -161,12 +167,14 @@ class Config:
     status_file: bool = True
     grace_period: float = 30.0
     deadline: Any = "slurm"
+    preemption_notice: str | None = None
+    notice_poll_interval: float = 5.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "dirpath", _check_dirpath(self.dirpath))
-        set_(self, "mirror", _check_mirror(self.mirror, self.dirpath))
-        set_(self, "storage_options", _check_storage_options(self.storage_options, self.dirpath, self.mirror))
+        set_(self, "dirpath", check_dirpath(self.dirpath))
+        set_(self, "mirror", check_mirror(self.mirror, self.dirpath))
+        set_(self, "storage_options", check_storage_options(self.storage_options, self.dirpath, self.mirror))
         set_(self, "overhead_budget", _check_budget(self.overhead_budget))
         set_(self, "mtbf", _check_optional_duration("mtbf", self.mtbf, example="'6h'"))
         set_(self, "every_n_steps", _check_optional_positive_int("every_n_steps", self.every_n_steps))
@@ -203,7 +211,8 @@ class Config:
             )
         set_(self, "mirror_max_failures", _check_optional_positive_int("mirror_max_failures", self.mirror_max_failures))
         set_(self, "mirror_preempt_wait", _check_optional_duration("mirror_preempt_wait", self.mirror_preempt_wait, "'60s'"))
-        durations = (("mirror_max_outage", "'30min'"), ("mirror_stall_timeout", "'2min'"), ("grace_period", "'30s'"))
+        durations = (("mirror_max_outage", "'30min'"), ("mirror_stall_timeout", "'2min'"), ("grace_period", "'30s'"),
+                     ("notice_poll_interval", "'5s'"))
         for name, example in durations:
             set_(self, name, _check_optional_duration(name, getattr(self, name), example))
             if getattr(self, name) is None:
@@ -217,6 +226,7 @@ class Config:
             raise ConfigError("schedule", self.schedule, "is not a known schedule", f"use one of {known}")
         set_(self, "signals", _check_signals(self.signals))
         resolve_deadline(self.deadline, environ={})  # the form only: Slurm's end time is read at the fit's start
+        parse_notice(self.preemption_notice)
         if self.on_preempt not in ON_PREEMPT:
             raise ConfigError(
                 "on_preempt",
@@ -297,74 +307,6 @@ class Config:
 
 
 # -- field checks ---------------------------------------------------------------------------
-
-
-def path_of_location(location: str) -> str | None:
-    """The filesystem path of a plain path or a ``file://``/``local://`` URL; None for other URLs."""
-    for scheme in LOCAL_SCHEMES:
-        if location.startswith(scheme):
-            return location[len(scheme) :]
-    return None if "://" in location else location
-
-
-def _is_url(location: str | None) -> bool:
-    return location is not None and path_of_location(location) is None
-
-
-def _check_mirror(value: Any, dirpath: str) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(
-            "mirror", value, "must be a non-empty URL or directory", "pass e.g. mirror='s3://bucket/run', or None"
-        )
-    if _same_location(value, dirpath):
-        raise ConfigError(
-            "mirror", value, f"is dirpath={dirpath!r} itself",
-            "point mirror to a second location (e.g. object storage), or drop it",
-        )
-    return value
-
-
-def _same_location(a: str, b: str) -> bool:
-    def norm(text: str) -> str:
-        path = path_of_location(text)
-        return text.rstrip("/") if path is None else os.path.abspath(os.path.expanduser(path))
-
-    return norm(a) == norm(b)
-
-
-def _check_storage_options(value: Any, dirpath: str, mirror: str | None) -> dict[str, Any] | None:
-    """A copy of ``storage_options`` (None or a mapping with string keys), refused when neither
-    ``dirpath`` nor ``mirror`` is a URL."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(
-            "storage_options",
-            value,
-            "is not a mapping of option names to values",
-            "pass a dict such as {'endpoint_url': 'http://127.0.0.1:9000', 'key': ..., 'secret': ...}",
-        )
-    if not _is_url(dirpath) and not _is_url(mirror):
-        where = f"dirpath={dirpath!r}" + (f" and mirror={mirror!r} are local directories" if mirror else " is a local directory")
-        raise ConfigError(
-            "storage_options",
-            dict(value),
-            f"applies to fsspec URLs, but {where}",
-            "use a URL such as dirpath='s3://bucket/run' or mirror='s3://bucket/run', or drop storage_options",
-        )
-    return dict(value)
-
-
-def _check_dirpath(value: Any) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError("dirpath", value, "must be a non-empty path", "pass a directory such as 'ckpts'")
-    return value
 
 
 def _check_budget(value: Any) -> float:

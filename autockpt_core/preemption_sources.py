@@ -8,7 +8,8 @@ handler's ``signum``), agrees on it over processes and commits the emergency che
 next step boundary. A new source is one module and one keyword of
 :class:`~autockpt_core.config.Config`, built here; neither adapter changes.
 
-Sources: :class:`~autockpt_core.deadline.DeadlineWatch` (``deadline``).
+Sources: :class:`~autockpt_core.deadline.DeadlineWatch` (``deadline``),
+:class:`~autockpt_core.cloud_notice.NoticeWatch` (``preemption_notice``).
 
 Call order: :func:`preemption_for` at the fit's start (the adapter's training thread), before
 the handler is installed; :func:`emergency_lead` wires the measured emergency cost in once the
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
+from .cloud_notice import NoticeWatch, parse_notice
 from .config import Config
 from .deadline import DeadlineWatch, resolve
 from .preemption import PreemptionHandler
@@ -43,6 +45,9 @@ def preemption_for(config: Config, *, alive: Callable[[FrameType | None], bool] 
     end = resolve(config.deadline)
     if end is not None:
         sources.append(DeadlineWatch(end))
+    notice = parse_notice(config.preemption_notice)
+    if notice is not None:
+        sources.append(NoticeWatch(*notice, poll_s=config.notice_poll_interval))
     if not config.signals and not sources:
         return None
     return PreemptionHandler(config.signals, alive=alive, sources=sources)

@@ -116,8 +116,7 @@ class CheckpointSession(StoreParts):
             shared_buffers=shared_buffers, persist_modules=persist_modules, gpu=gpu,
             on_persisted=self._on_persisted,
         )  # fmt: skip
-        # Explicit adjusters replace the ones the config asks for (adaptive, front_loaded).
-        adjusters = interval_adjuster if interval_adjuster is not None else adjusters_from_config(config)
+        adjusters = interval_adjuster if interval_adjuster is not None else adjusters_from_config(config)  # explicit ones win
         self.policy = CheckpointPolicy(config, adjusters)
         self.ledger = RunLedger(config.warmup_steps)
         self.last_decision: Decision | None = None

@@ -22,7 +22,8 @@ import pytest
 import autockpt_core
 
 ROOT = Path(autockpt_core.__file__).parent
-BASE = {"autockpt_core.config", "autockpt_core.config_hints", "autockpt_core.deadline", "autockpt_core.units",
+BASE = {"autockpt_core.config", "autockpt_core.config_hints", "autockpt_core.config_locations",
+        "autockpt_core.cloud_notice", "autockpt_core.deadline", "autockpt_core.units",
         "autockpt_core.errors",
         "autockpt_core.preemption", "autockpt_core.rng"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "lightning", "jax")

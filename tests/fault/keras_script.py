@@ -66,6 +66,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategy", default="none", choices=["none", "mirrored", "dataparallel", "jaxdist"])
     parser.add_argument("--deadline", default=None, help="the callback's deadline")
+    parser.add_argument("--notice", default=None, help="the callback's preemption_notice (polled every 0.2 s)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds each training step sleeps (a long run)")
     return parser.parse_args(argv)
 
@@ -247,6 +248,7 @@ def main() -> int:
                 async_persist=bool(ARGS.async_persist),
                 storage=storage,
                 **({"deadline": ARGS.deadline} if ARGS.deadline else {}),
+                **({"preemption_notice": ARGS.notice, "notice_poll_interval": 0.2} if ARGS.notice else {}),
             )
         )
     callbacks.append(StepProbe())

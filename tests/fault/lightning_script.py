@@ -259,11 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirror", default=None, help="the callback's mirror (a URL or directory)")
     parser.add_argument("--storage-options", default=None, help="the callback's storage_options, as JSON")
     parser.add_argument("--deadline", default=None, help="the callback's deadline")
+    parser.add_argument("--notice", default=None, help="the callback's preemption_notice (polled every 0.2 s)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds each training step sleeps (a long run)")
     args = parser.parse_args(argv)
     mirrored: dict[str, Any] = {} if args.baseline or not args.mirror else {"mirror": args.mirror}
     if args.deadline and not args.baseline:
         mirrored["deadline"] = args.deadline
+    if args.notice and not args.baseline:
+        mirrored.update(preemption_notice=args.notice, notice_poll_interval=0.2)
     if args.step_sleep:
         mirrored["extra_callbacks"] = (SleepEachStep(args.step_sleep),)
     if mirrored and args.storage_options:
