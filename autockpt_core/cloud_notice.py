@@ -30,13 +30,13 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from .errors import ConfigError
+from .polling_source import PollingSource
 
 log = logging.getLogger("autockpt")
 
@@ -92,30 +92,20 @@ def probe(provider: str, base: str) -> str | None:
     return body.strip()[:200] if status == 200 and body.strip() else None
 
 
-class NoticeWatch:
+class NoticeWatch(PollingSource):
     """Polls one endpoint (see the module docstring); ``noticed``: the notice, once seen."""
 
     name = "preemption notice"
+    thread_name = "autockpt-notice"
+    join_timeout_s = TIMEOUT_S * 3
 
     def __init__(self, provider: str, base: str, *, poll_s: float = 5.0,
                  probe_once: Callable[[str, str], str | None] = probe) -> None:  # fmt: skip
+        super().__init__()
         self.provider, self.base, self.poll_s = provider, base, poll_s
         self._probe = probe_once
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._unreachable = False
         self.noticed: str | None = None
-
-    def start(self, request: Callable[[int, str], None]) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(request,), name="autockpt-notice", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=TIMEOUT_S * 3)
 
     def check(self, request: Callable[[int, str], None]) -> bool:
         """One poll: request on a notice; True once there was one."""
@@ -137,8 +127,5 @@ class NoticeWatch:
         request(signal.SIGTERM, self.name)
         return True
 
-    def _run(self, request: Callable[[int, str], None]) -> None:
-        while not self._stop.is_set():
-            if self.check(request):
-                return
-            self._stop.wait(self.poll_s)
+    def wait_s(self) -> float:
+        return self.poll_s

@@ -28,12 +28,12 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .polling_source import PollingSource
 from .units import parse_duration
 
 log = logging.getLogger("autockpt")
@@ -98,7 +98,7 @@ def resolve(value: Any, *, started: float | None = None, environ: Mapping[str, s
     )  # fmt: skip
 
 
-class DeadlineWatch:
+class DeadlineWatch(PollingSource):
     """Requests the emergency checkpoint ``lead()`` seconds before ``end`` (see the module docstring).
 
     ``lead``: the measured emergency cost (seconds, or None before a measurement); ``wall``: the
@@ -106,15 +106,15 @@ class DeadlineWatch:
     """
 
     name = "deadline"
+    thread_name = "autockpt-deadline"
 
     def __init__(self, end: float, lead: Callable[[], float | None] = lambda: None, *,
                  wall: Callable[[], float] = time.time, poll_s: float = 0.5) -> None:  # fmt: skip
+        super().__init__()
         self.end = end
         self.lead = lead
         self._wall = wall
         self._poll_s = poll_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.requested_at: float | None = None
 
     def start_s(self) -> float:
@@ -122,17 +122,6 @@ class DeadlineWatch:
         measured = self.lead()
         lead = UNMEASURED_LEAD_S if measured is None else 1.5 * measured + MARGIN_S
         return self.end - lead
-
-    def start(self, request: Callable[[int, str], None]) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(request,), name="autockpt-deadline", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
 
     def check(self, request: Callable[[int, str], None]) -> bool:
         """One look at the clock: request once it is time; True when it did (now or before)."""
@@ -143,8 +132,5 @@ class DeadlineWatch:
             request(signal.SIGTERM, self.name)
         return self.requested_at is not None
 
-    def _run(self, request: Callable[[int, str], None]) -> None:
-        while not self._stop.is_set():
-            if self.check(request):
-                return
-            self._stop.wait(max(0.05, min(self._poll_s, self.start_s() - self._wall())))
+    def wait_s(self) -> float:
+        return max(0.05, min(self._poll_s, self.start_s() - self._wall()))

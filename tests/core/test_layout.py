@@ -23,7 +23,7 @@ import autockpt_core
 
 ROOT = Path(autockpt_core.__file__).parent
 BASE = {"autockpt_core.config", "autockpt_core.config_hints", "autockpt_core.config_locations",
-        "autockpt_core.cloud_notice", "autockpt_core.deadline", "autockpt_core.units",
+        "autockpt_core.cloud_notice", "autockpt_core.deadline", "autockpt_core.polling_source", "autockpt_core.units",
         "autockpt_core.errors",
         "autockpt_core.preemption", "autockpt_core.rng"}
 FRAMEWORKS = ("torch", "tensorflow", "keras", "lightning", "jax")
