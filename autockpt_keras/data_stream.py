@@ -39,6 +39,7 @@ from autockpt_core.internals_door import PatchStack
 from . import internals
 from .resume_point import ResumePoint
 
+
 @dataclasses.dataclass(frozen=True)
 class StreamState:
     """Where the data stream stands (see :class:`~autockpt_keras.resume_point.ResumePoint` for the fields)."""
