@@ -27,6 +27,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from autockpt_core.internals_door import MISSING, Internal, absent, lookup, report_missing
+from autockpt_torch import internals as torch_internals
 
 INTERNALS: dict[str, Internal] = {
     "checkpoint_connector": Internal("Trainer", "_checkpoint_connector", "writing and restoring checkpoints", True),
@@ -189,5 +190,7 @@ def missing(trainer: pl.Trainer) -> list[Internal]:
 
 def check_internals(trainer: pl.Trainer) -> None:
     """At ``setup("fit")``: refuse a Lightning without a required internal, naming it; say what
-    is off without any other (one warning)."""
+    is off without any other (one warning); then the same for the torch names the checkpoint
+    writes use (:func:`autockpt_torch.internals.check_internals`: warnings only)."""
     report_missing(missing(trainer), f"Lightning {pl.__version__}", stacklevel=4)
+    torch_internals.check_internals()

@@ -13,8 +13,9 @@ can run without them:
    order over the same memory: the file torch.save writes.
 
 Its unpickler only needs builtins and autockpt's ``SharedRef``. Where the records cannot be
-made (torch's private ``_save`` changed, or large storages lie outside the shared buffers),
-the writer thread writes the checkpoint with :func:`~.snapshot.write_tree` instead.
+made (this torch lacks a private name of :mod:`.internals`, or large storages lie outside the
+shared buffers), the writer thread writes the checkpoint with :func:`~.snapshot.write_tree`
+instead.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from autockpt_core.persist.persist_process import PortableWrite
 from autockpt_core.persist.shared_memory import INLINE_LIMIT, SharedArena, SharedRef
 
+from . import internals
 from .snapshot import WRITE_TREE, WriteErrorKeeper
 
 log = logging.getLogger("autockpt")
@@ -64,9 +66,9 @@ class _Recorder:
 def record_tree(tree: Any, arena: SharedArena) -> list[tuple[str, bytes | str | SharedRef, int]] | None:
     """torch.save's records of ``tree``: bytes and references into ``arena``; None when they
     cannot be made (see the module docstring). Writer thread."""
-    save = getattr(torch.serialization, "_save", None)
-    if save is None:
+    if not internals.process_records_supported():
         return None
+    save = internals.serialization_into()
     recorder = _Recorder()
     try:
         save(tree, recorder, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
@@ -101,17 +103,17 @@ def write_records(file: IO[bytes], *, records: list[tuple[str, Any, int]], zip_c
 
     ``zip_crc32`` (the default): with the zip's own per-record CRC-32, a second pass on top of
     the manifest's checksum; without it zip tools reject the file (docs/benchmarks.md). Where
-    torch lacks the private writer the CRC-less path needs (torch 2.6 has no
-    ``serialization._get_storage_alignment``), the records are written with the CRC, as
-    :func:`~autockpt_torch.snapshot.save_tree` does."""
+    torch lacks the private writer the CRC-less path needs
+    (:func:`~autockpt_torch.internals.writer_without_crc`), the records are written with the
+    CRC, as :func:`~autockpt_torch.snapshot.save_tree` does. Only called with records
+    :func:`record_tree` made, so torch's zip writer exists here."""
     keeper = WriteErrorKeeper(file)
     try:
-        if zip_crc32 or not hasattr(torch.serialization, "_get_storage_alignment"):
-            with torch.serialization._open_zipfile_writer(keeper) as writer:  # type: ignore[arg-type]
-                _replay(writer, records)
+        writer = None if zip_crc32 else internals.writer_without_crc(keeper)
+        if writer is None:
+            with internals.zipfile_writer()(keeper) as zip_writer:
+                _replay(zip_writer, records)
             return
-        alignment = torch.serialization._get_storage_alignment()
-        writer = torch._C.PyTorchFileWriter(keeper, False, alignment)
         _replay(writer, records)
         writer.write_end_of_file()
         keeper.flush()

@@ -27,6 +27,7 @@ import torch
 
 from autockpt_core import BufferPool
 
+from . import internals
 from .host_buffers import torch_buffer_pool
 from .staging import TorchSnapshotter
 
@@ -88,8 +89,8 @@ def save_tree(tree: Any, file: IO[bytes], *, zip_crc32: bool = True) -> None:
     bytes, on top of the whole-file CRC-32 autockpt's storage computes. ``zip_crc32=False``
     skips the zip's own CRC through torch's private ``_save`` with a writer built without it
     (the per-record CRC fields stay 0; ``torch.load`` and Lightning load the file, ``zipfile``
-    tools report CRC errors); autockpt's manifest checksum still covers every byte. If torch's
-    private API changed, it falls back to ``torch.save``.
+    tools report CRC errors); autockpt's manifest checksum still covers every byte. Where this
+    torch lacks one of those names (:mod:`.internals`), it falls back to ``torch.save``.
     """
     keeper = WriteErrorKeeper(file)
     try:
@@ -109,17 +110,11 @@ def write_tree(file: IO[bytes], *, tree: Any, zip_crc32: bool = True) -> None:
 
 def _save_without_zip_crc(tree: Any, file: Any) -> bool:
     """torch.save's zip path with the record CRCs off; False (nothing written) if unavailable."""
-    serialization = torch.serialization
-    save = getattr(serialization, "_save", None)
-    alignment = getattr(serialization, "_get_storage_alignment", None)
-    writer_type = getattr(torch._C, "PyTorchFileWriter", None)
-    if save is None or alignment is None or writer_type is None:
+    save = internals.serialization_into()
+    writer = internals.writer_without_crc(file) if save is not None else None
+    if writer is None:
         return False
-    try:
-        writer = writer_type(file, False, alignment())
-    except TypeError:  # another constructor signature
-        return False
-    save(tree, writer, pickle, serialization.DEFAULT_PROTOCOL, False)
+    save(tree, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
     writer.write_end_of_file()
     file.flush()
     return True
