@@ -8,7 +8,10 @@ and only seeds whose first kill falls while the job trains are used
 (:func:`.study.failures.history_seeds`), so every history has a failure to judge. Methods: the framework's
 own per-epoch checkpointing resumed its users' way, a sweep of fixed every-N intervals (autockpt's
 writer at a fixed interval: only the interval differs), autockpt with its overhead budget alone,
-and autockpt told the MTBF (plus, in full runs, native every-N checkpointing at one N). Beside
+and autockpt told the MTBF (plus, in full runs, native every-N checkpointing at one N). With
+``--notice``, each kill is announced by a SIGTERM that long before it (:mod:`.study.kill_loop`):
+what a method that acts on a notice saves against one that only checkpoints on its schedule.
+Beside
 each measured figure the simulator's prediction for the same measured costs
 (:mod:`.study.goodput_report`). Writes ``DIR/goodput.json``, ``DIR/goodput.md`` and
 ``DIR/goodput.png``.
@@ -68,6 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument("--max-factor", type=float, default=8.0, help="give a method up after this × the failure-free time")
     parser.add_argument("--jobs", type=int, default=20_000, help="simulated jobs for the expected prediction")
+    parser.add_argument("--notice", default=None,
+                        help="announce each kill: SIGTERM this long before it (a preemption notice; default none)")
     parser.add_argument("--keras-backend", default="tensorflow", help="KERAS_BACKEND of the Keras runs")
     parser.add_argument("--out", default="autockpt-goodput", help="directory for goodput.json, goodput.md, goodput.png (default autockpt-goodput)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG")
@@ -89,6 +94,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "jobs": args.jobs,
         "native_every_n": not quick,
         "repeats": args.repeats,
+        "notice_s": duration("--notice", args.notice) if args.notice else 0.0,
     }
     if s["epochs"] < 1 or args.max_factor <= 1 or args.jobs < 1 or args.repeats < 1:
         raise ValueError("--epochs, --repeats and --jobs must be >= 1, --max-factor > 1")
@@ -183,7 +189,9 @@ def _run_method(framework: str, workload: Workload, method: dict[str, Any], step
     write_spec(spec, workload, method, **_spawn_fields(settings, os.path.join(mdir, "ckpt"), log, steps))
     attempts, finished = run_until_done(command(framework, "goodput", spec, workers),
                                         worker_env(settings["threads"], settings["keras_backend"]),
-                                        gaps, output, max_attempts=1000, max_wall_s=max_wall_s)
+                                        gaps, output, max_attempts=1000, max_wall_s=max_wall_s,
+                                        notice_s=settings.get("notice_s", 0.0),
+                                        done=lambda: any(e["event"] == "done" for e in read_events(log)))
     return attempts, finished, read_events(log), output
 
 
@@ -356,7 +364,8 @@ def _title(run: dict[str, Any]) -> str:
             f"({run['epochs']} epochs, {run['step_s'] * 1e3:.1f} ms/step), failure-free {run['failure_free_s']:.1f} s "
             f"(startup {run['startup_s']:.1f} s); MTBF {run['mtbf_s']:g} s, "
             f"seed{'s' if len(run.get('history_seeds', [])) > 1 else ''} {', '.join(map(str, run.get('history_seeds') or [run['seed']]))}"
-            + (f", {run['settings']['repeats']} failure histories (medians)" if run["settings"]["repeats"] > 1 else ""))
+            + (f", {run['settings']['repeats']} failure histories (medians)" if run["settings"]["repeats"] > 1 else "")
+            + (f"; each kill announced by SIGTERM {notice:g} s before it" if (notice := run["settings"].get("notice_s")) else ""))
 
 
 def _print(run: dict[str, Any], console: Console) -> None:
@@ -391,7 +400,7 @@ def markdown(runs: list[dict[str, Any]], header: dict[str, Any], plot: str | Non
 
 def _argv(args: argparse.Namespace) -> list[str]:
     out = ["--quick"] if args.quick else []
-    for name in ("framework", "mtbf", "work", "epochs", "workload", "sweep", "methods", "seed", "repeats"):
+    for name in ("framework", "mtbf", "work", "epochs", "workload", "sweep", "methods", "seed", "repeats", "notice"):
         value = getattr(args, name)
         if value not in (None, ""):
             out += [f"--{name}", str(value)]

@@ -3,7 +3,8 @@
 It follows :mod:`autockpt_bench.study.protocol` with sleeps instead of training, so the
 commands' orchestration (process per run, restore runs, real SIGKILLs, accounting, reports) is
 tested in seconds. Native methods block 20 ms per checkpoint, autockpt 1 ms; only autockpt
-resumes exactly; native every-epoch resumes at the epoch start.
+resumes exactly; native every-epoch resumes at the epoch start. In ``goodput``, autockpt's methods
+act on SIGTERM (a checkpoint of the step, then exit 143); the native ones die by it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import time
 
@@ -92,6 +94,9 @@ def main() -> int:
                                  "max_abs_diff": 0.0 if exact else 0.1, "exact": exact})
         return 0
     log = EventLog(spec["log"])
+    noticed: list[int] = []
+    if method["name"].startswith("autockpt"):  # autockpt acts on a preemption notice: a checkpoint, then 143
+        signal.signal(signal.SIGTERM, lambda signum, frame: noticed.append(signum))
     log.write("start")
     time.sleep(0.05)  # "imports"
     resumed = _newest(spec["dir"])
@@ -101,8 +106,10 @@ def main() -> int:
     for step in range(resumed + 1, spec["steps"] + 1):
         time.sleep(STEP_S)
         log.write("step", step=step)
-        if method["name"] != "none" and step % every == 0 and step < spec["steps"]:
+        if method["name"] != "none" and step < spec["steps"] and (step % every == 0 or noticed):
             log.write("checkpoint", step=step, blocked_s=_save(spec["dir"], step, method))
+        if noticed and step < spec["steps"]:
+            return 128 + noticed[0]
     log.write("done", step=spec["steps"], persist_s=0.002 if method["name"].startswith("autockpt") else None)
     return 0
 

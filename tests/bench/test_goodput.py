@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from autockpt_bench import cli
 from autockpt_bench import goodput as cli_goodput
 from autockpt_bench.study import goodput_report
 from autockpt_bench.study.failures import history_seeds, kill_gaps
-from autockpt_bench.study.kill_loop import Attempt
+from autockpt_bench.study.kill_loop import Attempt, run_until_done
 from autockpt_core.policy.simulate import Failures, Job, simulate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -118,6 +120,40 @@ def test_goodput_command_kills_real_processes_and_reports(tmp_path: Path, monkey
     assert all(m["predicted"]["replay"]["wall_s"] > 0 for m in methods)
     assert (out / "goodput.png").read_bytes()[:4] == b"\x89PNG"
     assert "Kill times" in (out / "goodput.md").read_text()
+
+
+def test_a_notice_before_each_kill_lets_the_method_that_acts_on_it_lose_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / "gp"
+    args = _args("--quick", "--framework", "lightning", "--work", "1.2s", "--mtbf", "1.5s", "--seed", "1",
+                 "--notice", "0.3s", "--methods", "every_epoch,autockpt", "--no-plots", "--out", str(out))
+    assert cli_goodput.run(args, workers=FAKE) == 0
+    result = json.loads((out / "goodput.json").read_text())
+    by_kind = {m["kind"]: m for m in result["methods"]}
+    assert result["settings"]["notice_s"] == 0.3 and all(m["finished"] for m in by_kind.values())
+    assert by_kind["autockpt"]["kills"] > 0 and by_kind["every_epoch"]["kills"] > 0
+    assert by_kind["autockpt"]["steps_redone"] == 0 < by_kind["every_epoch"]["steps_redone"]
+    assert "each kill announced by SIGTERM 0.3 s before it" in (out / "goodput.md").read_text()
+
+
+def test_the_kill_loop_sends_the_notice_and_starts_the_rerun_at_the_kill_time(tmp_path: Path) -> None:
+    """A worker that exits 143 on SIGTERM: its failure is at the notice, its rerun at the kill time."""
+    marker = tmp_path / "ran"
+    code = ("import os, signal, sys, time\n"
+            f"first = not os.path.exists({str(marker)!r})\n"
+            f"open({str(marker)!r}, 'a').close()\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+            "time.sleep(5 if first else 0.05)\n")  # fmt: skip
+    gaps = iter([1.0, 1e9])
+    attempts, finished = run_until_done([sys.executable, "-c", code], dict(os.environ), gaps, tmp_path / "log",
+                                        max_attempts=3, max_wall_s=60, notice_s=0.6)  # fmt: skip
+    assert finished and len(attempts) == 2
+    first, second = attempts
+    assert first.noticed and first.killed and first.returncode == 143
+    assert second.started >= first.started + 1.0 - 0.05  # not before the kill time
+    assert not second.noticed and second.returncode == 0
 
 
 def test_combine_takes_medians_over_failure_histories() -> None:
