@@ -5,7 +5,8 @@ its shared buffers, the background writer, and the locks that keep other runs ou
 thread): ``open()`` (idempotent; lock and probe ``dirpath``, take the mirror, clean up after
 interrupted writes when resuming, start the persist process), ``resume_record()`` once,
 then per checkpoint ``wait_for_writer()``, ``free_name(step)`` and ``writer.submit(job)``;
-``flush()`` at a preemption; ``close()`` at the end (waits for the writer and the mirror,
+``flush()`` to wait for them, ``commit_emergency(since, on_durable)`` at a preemption;
+``close()`` at the end (waits for the writer and the mirror,
 releases the host buffers, the persist process and the locks; idempotent). The writer thread
 calls ``on_persisted`` (given at construction) for each committed record, then hands the
 record to the mirror thread.
@@ -13,7 +14,9 @@ record to the mirror thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 import uuid
 import warnings
 import weakref
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import Config
-from .persist import BufferPool, CheckpointRecord, CheckpointWriter, Storage, find_latest_valid, read_manifest
+from .grace_check import EXIT_MARGIN_S, mirror_wait
+from .persist import BufferPool, CheckpointRecord, CheckpointWriter, Storage, find_latest_valid, location_of, read_manifest
 from .persist.directory import Held, open_directory
 from .persist.file_set import new_staging_directory
 from .persist.manifest import warn_skipped
@@ -36,6 +40,21 @@ from .persist.tiers import committed_before, hydrate, newest_of_tiers
 log = logging.getLogger("autockpt")
 
 Check = Callable[[CheckpointRecord], "str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EmergencyCommit:
+    """What :meth:`CheckpointStore.commit_emergency` left: the newest record committed in
+    ``dirpath`` (None: none in this session) and its location, the seconds from the signal to
+    its commit, and the mirror's part (``mirrored`` None: no mirror; False: ``mirror_problem``
+    says why, ``mirror_newest`` is the mirror's newest record of this session)."""
+
+    record: CheckpointRecord | None
+    path: str | None
+    durable_s: float
+    mirrored: bool | None = None
+    mirror_problem: str | None = None
+    mirror_newest: CheckpointRecord | None = None
 
 
 class CheckpointStore:
@@ -163,11 +182,30 @@ class CheckpointStore:
                 self._release()  # held.release(), once
             self._release, self._held, self._opened, self._process_started = None, None, False, False
 
-    def exit_within(self, seconds: float) -> None:
-        """A preempted job must exit within ``seconds``: :meth:`close` gives the mirror's claim
-        no longer to be removed (training thread)."""
-        if self._held is not None:
-            self._held.exit_within(seconds)
+    def commit_emergency(self, since: float, on_durable: Callable[[float], None]) -> EmergencyCommit:
+        """A preemption (training thread): block until the checkpoint in flight is durable and
+        listed in ``dirpath``'s manifest, call ``on_durable(seconds since the signal)``, then give
+        the mirror what is left of ``grace_period`` (:func:`~.grace_check.mirror_wait`: an older
+        upload in flight is abandoned so this one goes first; best effort, nothing raised), and
+        :meth:`close` the rest for the mirror's claim (half the exit margin kept). ``since``:
+        ``time.monotonic()`` when the signal (or notice, or deadline) asked.
+
+        Raises the persist's :class:`~autockpt_core.CheckpointWriteError` only if the checkpoint
+        is not committed in ``dirpath`` (the previous one then stays the newest)."""
+        self.writer.wait()
+        durable_s = time.monotonic() - since
+        on_durable(durable_s)
+        record = self.writer.last_record
+        done = EmergencyCommit(record, location_of(self.storage, record.name) if record else None, durable_s)
+        if record is None or self.mirror is None:
+            return done
+        config = self.config
+        wait = mirror_wait(config.grace_period, config.mirror_preempt_wait, time.monotonic() - since)
+        delivery = self.mirror.deliver(record, wait)
+        if self._held is not None:  # the claim's removal at close() gets what is left of the window
+            self._held.exit_within(config.grace_period - (time.monotonic() - since) - EXIT_MARGIN_S / 2)
+        return dataclasses.replace(done, mirrored=delivery.uploaded, mirror_problem=delivery.problem,
+                                   mirror_newest=self.mirror.last_record)  # fmt: skip
 
     def wait_for_persist_process(self, timeout: float = 60.0) -> bool:
         """Block until the persist process is ready; True at once without one."""

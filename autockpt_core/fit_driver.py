@@ -16,6 +16,8 @@ Call order (training thread; ``abandon`` from any thread)::
     expect_end(step)       the step training will end after, where the adapter knows it (any time)
     boundary(step)         between steps, not after one (Lightning's train start, Keras' epoch
                            start): a checkpoint deferred to here, then a signal on any process
+    outside_step(step)     in work between two steps (each validation batch, the sanity check):
+                           a signal is acted on at once (one process; several: at the next step)
     step_end(step, ...)    after every optimizer step: note it; where a checkpoint may be due,
                            decide (process 0), agree, checkpoint or defer, act on a signal
     add_blocked(seconds)   time this process waited for a checkpoint outside the driver
@@ -94,23 +96,14 @@ class FitDriver:
     """
 
     def __init__(
-        self,
-        config: Config,
-        group: ProcessGroup,
-        session: CheckpointSession | None,
-        take: Callable[[Due], CheckpointEvent | None],
-        *,
-        save_on_train_end: bool = True,
-        preemption: PreemptionHandler | None = None,
-        signals_wait: bool = False,
-        publish: Callable[[dict[str, float]], None] | None = None,
-        drain: Callable[[bool], bool] | None = None,
-        nothing_left: Callable[[], str] | None = None,
-        device_busy: Callable[[], bool] | None = None,
-        preparing: Callable[[], bool] | None = None,
-        loss_of: Callable[[object], float | None] = _float_or_none,
+        self, config: Config, group: ProcessGroup, session: CheckpointSession | None,
+        take: Callable[[Due], CheckpointEvent | None], *, save_on_train_end: bool = True,
+        preemption: PreemptionHandler | None = None, signals_wait: bool = False,
+        publish: Callable[[dict[str, float]], None] | None = None, drain: Callable[[bool], bool] | None = None,
+        nothing_left: Callable[[], str] | None = None, device_busy: Callable[[], bool] | None = None,
+        preparing: Callable[[], bool] | None = None, loss_of: Callable[[object], float | None] = _float_or_none,
         clock: Callable[[], float] | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.config = config
         self.group = group
         self.session = session
@@ -189,11 +182,18 @@ class FitDriver:
         reason = deferral.reason_at(step) if deferral is not None else None
         if reason is not None and step != self.saved_step:
             self._checkpoint(Due(step, reason))
-        if not self.config.signals:
-            return
-        signum = self.group.settle(None, signum=self._signum()).signum
+        signum = self.group.settle(None, signum=self._signum()).signum if self.config.signals else None
         if signum is not None:
             self._act_on_signal(step, signum, saved=False)
+
+    def outside_step(self, step: int) -> None:
+        """In work between two optimizer steps, ``step`` the last one trained (each validation
+        batch, the sanity check): a signal is acted on now, with the checkpoint of ``step`` (the
+        adapter's ``take`` holds the state of that step's end). One process only: with several,
+        the number of such calls may differ between them, so the signal waits for the next step."""
+        if self._signals.signum is not None and self.group.count == 1 and self.config.signals:
+            self._record_ring()
+            self._act_on_signal(step, self._signals.signum, saved=False)
 
     def step_end(self, step: int, loss: object = None, unclean: bool | Callable[[], bool] = False,
                  prepare: Callable[[CheckpointSession], None] | None = None) -> None:  # fmt: skip

@@ -5,7 +5,8 @@ emergency checkpoint must be durable before that: its snapshot stall plus its pe
 :data:`EXIT_MARGIN_S` left to exit. :class:`GraceCheck` compares the
 profiler's measured costs with the window once both are known and warns once, with the numbers
 and the fix, when they do not fit. Training thread (the session's ``save()``, after each
-checkpoint's copy).
+checkpoint's copy). :func:`mirror_wait`: what is left of the window for the mirror once the
+emergency checkpoint is committed locally (``CheckpointStore.commit_emergency``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from .policy import Estimates
 
 EXIT_MARGIN_S = 2.0
 """Of the grace period, kept for the process to exit once its checkpoint is durable."""
+
+
+def mirror_wait(grace_period: float, mirror_preempt_wait: float | None, elapsed_s: float) -> float:
+    """How long the mirror may take the emergency checkpoint: ``mirror_preempt_wait`` where set,
+    else what is left of ``grace_period`` ``elapsed_s`` after the signal, less
+    :data:`EXIT_MARGIN_S` (0 when nothing is left: the local checkpoint must do)."""
+    if mirror_preempt_wait is not None:
+        return mirror_preempt_wait
+    return round(max(0.0, grace_period - elapsed_s - EXIT_MARGIN_S), 1)
 
 
 class GraceCheck:

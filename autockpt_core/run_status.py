@@ -43,7 +43,7 @@ log = logging.getLogger("autockpt")
 STATUS_NAME = "autockpt-status.json"
 STATES = ("training", "checkpointing", "preempted", "finished", "failed")
 KEYS = ("state", "step", "last_durable_step", "last_durable_time", "work_at_risk_s", "emergency_checkpoint_s",
-        "next_checkpoint_step", "run", "host", "pid", "updated")
+        "next_checkpoint_step", "signal_to_durable_s", "run", "host", "pid", "updated")
 FINAL = ("preempted", "finished", "failed")
 
 
@@ -56,6 +56,7 @@ class _Figures:
     step_s: float | None = None
     emergency_s: float | None = None
     next_step: int | None = None
+    signal_to_durable_s: float | None = None  # a preemption's, once its checkpoint is committed
 
 
 class StatusFile:
@@ -113,6 +114,14 @@ class StatusFile:
                 f.state = "training"
             self._write(True)
 
+    def preempted(self, step: int, signal_to_durable_s: float) -> None:
+        """The emergency checkpoint of ``step`` is committed, ``signal_to_durable_s`` after the
+        signal (or notice, or deadline) asked for it (training thread)."""
+        with self._lock:
+            f = self._figures
+            f.state, f.step, f.next_step, f.signal_to_durable_s = "preempted", step, None, signal_to_durable_s
+            self._write(True)
+
     def end(self, state: str) -> None:
         """The session ended: ``finished`` or ``failed`` (a preempted session stays ``preempted``)."""
         with self._lock:
@@ -132,6 +141,7 @@ class StatusFile:
             "state": f.state, "step": f.step, "last_durable_step": f.durable_step,
             "last_durable_time": f.durable_time, "work_at_risk_s": at_risk,
             "emergency_checkpoint_s": f.emergency_s, "next_checkpoint_step": f.next_step,
+            "signal_to_durable_s": f.signal_to_durable_s,
             "run": self.run, "host": socket.gethostname(), "pid": os.getpid(), "updated": self._wall(),
         }
 

@@ -21,6 +21,8 @@ Keras' state: the copy of every variable, the resume point of the data stream an
                           count the step (no device read) and driver.step_end (the logs,
                           unread; whether it is the epoch's last batch, asked at a decision);
                           a checkpoint copies every variable into the session's buffers
+    on_test_batch_begin   in fit()'s validation: driver.outside_step, a signal acted on now
+                          (validation_watch.py: the resume point kept at on_test_begin)
     on_epoch_end          add autockpt_checkpoints, _interval_steps, _stall_ms, _overhead_pct,
                           _overhead_band_pct, _hook_pct to the epoch logs (epoch_logs.py)
     on_train_end          driver.final, driver.finish, uninstall the handlers, driver.end
@@ -67,17 +69,18 @@ from .checkpoint_file import FRAMEWORK, SUFFIX, CheckpointInfo
 from .copying import Copier, buffer_pool_for, copier_for, copier_preparing, device_busy_for, host_clock_note, warm_copier
 from .epoch_logs import LOG_KEYS, log_values, loss_in_logs
 from .exact_resume import ExactResume
-from .fit_guard import FitGuard, ends_fit_on_error
+from .fit_guard import FitGuard, ends_fit_on_error, set_by_fit
 from .input_checks import InputReport, inspect_inputs
 from .jax_state import global_step
 from .processes import Processes, processes_for
-from .restore import read_checkpoint, restore_checkpoint
+from .restore import nothing_left, read_checkpoint, restore_checkpoint
 from .resume_point import ResumePoint
 from .skipping import unwrap_train_function
 from .snapshot import StateSnapshot, buffer_layout, manifest_meta
 from .state import collect_state
-from .step_count import StepCount, planned_end_step
+from .step_count import StepCount, epoch_length, is_last_batch, planned_end_step
 from .strategies import check_strategy
+from .validation_watch import ValidationWatch
 
 log = logging.getLogger("autockpt")
 
@@ -138,6 +141,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._stopped_mid_epoch = False
         self._buffers_ready = False
         self._exact: ExactResume | None = None  # created in on_train_begin
+        self._validation = ValidationWatch()  # a signal during fit()'s validation
         self._steps = StepCount(self._read_iterations)
 
     # -- fit() hooks (training thread) --------------------------------------------------------
@@ -187,7 +191,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._guard = FitGuard(self.config)
         driver = self._driver = FitDriver(
             self.config, processes, self.session, self._take, save_on_train_end=self.save_on_train_end,
-            preemption=self._guard.preemption, nothing_left=self._nothing_left,
+            preemption=self._guard.preemption, nothing_left=lambda: nothing_left(self.restored),
             device_busy=device_busy_for(backend, self.model), preparing=lambda: copier_preparing(self._copier),
             loss_of=loss_in_logs,
         )  # fmt: skip
@@ -199,6 +203,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         if record is not None:
             self._restore(record, reads.take(record) if reads is not None else None)
         self._guard.start(self.model, driver.abandon if self.session is not None else None)
+        self._validation.start(self._guard.preemption, driver)
         driver.begin(self._steps.read_at(self.restored.step if self.restored is not None else None))
 
     @ends_fit_on_error
@@ -232,6 +237,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             # the loss in the logs (maybe a device value), the epoch's last batch (known after
             # validation) and the buffers' preparation are read only at a decision
             self._step_end(self._steps.trained(batch), logs, self._at_last, self._prepare)
+            if self._validation.watching and self._at_last_batch():  # its point, for a validation next
+                self._validation.last_batch(self._epoch, batch, lambda: exact.mid_epoch_point(self._epoch, batch))
         except BaseException:
             self._end_failed_fit()
             raise
@@ -240,10 +247,22 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._completed_epoch = epoch
         # A callback's stop_training at a batch end cut this epoch short: its rest is untrained.
         self._stopped_mid_epoch = bool(
-            self.model.stop_training and self._batch is not None and not self._is_last_batch(self._batch)
+            self.model.stop_training and self._batch is not None and not self._at_last_batch()
         )
         if logs is not None:
             logs.update(self.log_values())
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """fit()'s validation begins: a signal during it is acted on at its next batch."""
+        point = lambda: self._require_exact().mid_epoch_point(self._epoch, self._batch)  # type: ignore[arg-type]
+        self._validation.begin(self._epoch, self._batch, point)
+
+    @ends_fit_on_error
+    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._validation.batch_begin(self._steps.step)
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._validation.end()
 
     @ends_fit_on_error
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -287,6 +306,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         """Where a run resumed from a checkpoint taken now continues: the point, and the epoch
         and batch of the step it holds."""
         exact = self._require_exact()
+        if self._validation.point is not None and not final and self._batch is not None:
+            return self._validation.point, self._epoch, self._batch  # as validation began
         if final:
             epoch, batch = self._epoch, self._batch
             assert batch is not None
@@ -308,14 +329,6 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
             warm_copier(self._require_copier(), entries)
             session.buffers.prefault(buffer_layout(entries))
 
-    def _nothing_left(self) -> str:
-        restored = self.restored
-        assert restored is not None
-        return (
-            f"autockpt: nothing left to train: the checkpoint at step {restored.step} "
-            f"already finished {restored.next_epoch} epoch(s); pass a larger epochs= to continue"
-        )
-
     # -- resume (training thread) -------------------------------------------------------------
 
     def _restore(self, record: CheckpointRecord, verified: np.ndarray | None) -> None:
@@ -333,21 +346,11 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._start_epoch = self._patches.set(self.model, internals.initial_epoch_key(), info.next_epoch)
 
     def _at_last_batch(self) -> bool:
-        """Whether the newest trained batch is the epoch's last."""
-        return self._batch is not None and self._is_last_batch(self._batch)
-
-    def _is_last_batch(self, batch: int) -> bool:
-        """Whether ``batch`` is the epoch's last (False when the epoch length is not known yet)."""
-        steps = self._epoch_length()
-        return steps is not None and batch + 1 >= steps
+        """Whether the newest trained batch is the epoch's last (False while its length is unknown)."""
+        return self._batch is not None and is_last_batch(self._batch, self._epoch_length())
 
     def _epoch_length(self) -> int | None:
-        """Batches per epoch, where known (for a dataset of unknown length: after a first epoch)."""
-        steps = self.params.get("steps") if self.params else None
-        epoch_iterator = self._exact.epoch_iterator if self._exact is not None else None
-        if steps is None and epoch_iterator is not None:
-            steps = getattr(epoch_iterator, "num_batches", None)  # inferred after a first epoch
-        return steps
+        return epoch_length(self.params, self._exact.epoch_iterator if self._exact is not None else None)
 
     def _end_failed_fit(self) -> None:
         """Release what a ``fit()`` that raised (``Preempted`` included) left: the signal
@@ -382,19 +385,13 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._patches.undo(self._start_epoch)
 
     def _require_copier(self) -> Copier:
-        if self._copier is None:
-            raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
-        return self._copier
+        return set_by_fit(self._copier)
 
     def _require_exact(self) -> ExactResume:
-        if self._exact is None:
-            raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
-        return self._exact
+        return set_by_fit(self._exact)
 
     def _before_fit(self, *args: Any, **kwargs: Any) -> None:
         self._require_driver()
 
     def _require_driver(self) -> FitDriver:
-        if self._driver is None:
-            raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
-        return self._driver
+        return set_by_fit(self._driver)

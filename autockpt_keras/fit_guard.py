@@ -88,3 +88,13 @@ class FitGuard:
             return True  # its frame was not found at on_train_begin: it is taken to be running
         self._frame = None
         return False
+
+
+_T = TypeVar("_T")
+
+
+def set_by_fit(value: _T | None) -> _T:
+    """``value``, which ``on_train_begin`` sets: a hook that runs before it is not ``fit()``'s."""
+    if value is None:
+        raise RuntimeError("AutoCheckpoint hooks ran before on_train_begin; use it through model.fit().")
+    return value

@@ -75,3 +75,12 @@ def restore_checkpoint(
         elif point is None and info.batch is not None and info.next_epoch == info.epoch:
             where += " from its first batch (this checkpoint has no batch position)"
         print(f"autockpt: resumed from {info.path} (step {info.step}); training continues with {where}", flush=True)
+
+
+def nothing_left(restored: CheckpointInfo | None) -> str:
+    """The message of a resumed ``fit()`` whose checkpoint already finished its epochs."""
+    assert restored is not None
+    return (
+        f"autockpt: nothing left to train: the checkpoint at step {restored.step} "
+        f"already finished {restored.next_epoch} epoch(s); pass a larger epochs= to continue"
+    )

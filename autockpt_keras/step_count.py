@@ -19,7 +19,7 @@ checkpoint's step) and ``epoch_begin()``; per batch ``trained(batch)`` or ``skip
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 __all__ = ["StepCount", "planned_end_step"]
 
@@ -67,3 +67,17 @@ def planned_end_step(step: int, epoch: int, epochs: int | None, steps_per_epoch:
     if not epochs or not steps_per_epoch or epochs <= epoch:
         return None
     return step + (epochs - epoch) * steps_per_epoch
+
+
+def epoch_length(params: dict[str, Any] | None, epoch_iterator: Any | None) -> int | None:
+    """Batches per epoch, where known: ``fit()``'s ``params["steps"]``, or, for a dataset of unknown
+    length, the epoch iterator's count inferred after a first epoch."""
+    steps = params.get("steps") if params else None
+    if steps is None and epoch_iterator is not None:
+        steps = getattr(epoch_iterator, "num_batches", None)
+    return steps
+
+
+def is_last_batch(batch: int, steps: int | None) -> bool:
+    """Whether ``batch`` (0-based) is the epoch's last (False when ``steps`` is not known)."""
+    return steps is not None and batch + 1 >= steps

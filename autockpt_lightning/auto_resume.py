@@ -42,6 +42,9 @@ from .verified_load import LoadWhileVerifying, fusable, serving
 
 CONTINUES_EXACTLY = "continues_exactly"
 """Manifest meta of a final checkpoint: False when Lightning cannot continue from it exactly."""
+NOT_EXACT = "not_exact"
+"""Manifest meta of an emergency checkpoint Lightning cannot continue from exactly: why (a
+resume from it warns with it; it is resumed from all the same: it holds the newest work)."""
 EPOCHS_DONE = "epochs_done"
 """Manifest meta: ``trainer.current_epoch`` when the checkpoint was taken, the epochs the fit had
 completed (the record's ``epoch`` is the 0-based epoch its step was trained in)."""
@@ -119,6 +122,14 @@ def load_newest(
             mirror = session.mirror
             source = f" (copied from the mirror {mirror.location})" if session.copied_from_mirror and mirror else ""
             print(f"autockpt: resuming from step {record.step}: {location_of(storage, record.name)}{source}", flush=True)
+        if record is not None and record.meta.get(NOT_EXACT):
+            warnings.warn(
+                f"autockpt: resuming from step {record.step}, a checkpoint {record.meta[NOT_EXACT]}: the rest "
+                "of this run may not be bitwise an uninterrupted one (docs/reliability.md, 'A signal during "
+                "validation')",
+                ResumeNotExactWarning,
+                stacklevel=2,
+            )
         return record
 
     try:

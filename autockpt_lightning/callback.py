@@ -12,8 +12,9 @@ sampler entry, the loggers. Call order (training thread, every rank)::
                               (auto_resume.load_newest: every rank, errors raised on all)
     load_state_dict           (inside the restore) keep this callback's entry until training starts
     on_train_start            apply the entry (samplers, then RNG); driver.begin; driver.expect_end
-                              (planned_end.py); driver.boundary (a signal during the resume or
-                              the sanity check)
+                              (planned_end.py); driver.boundary (a signal during the resume);
+                              watch each validation's start (validation_watch.py)
+    on_validation_batch_start driver.outside_step: a signal in validation or the sanity check
     on_before_optimizer_step  wait for an overlapping copy (snapshot_mode "overlap"/"device")
     on_train_batch_end        once per optimizer step: driver.step_end (the loss, whether this
                               boundary resumes exactly, buffer warm-up); a checkpoint runs
@@ -45,7 +46,7 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
@@ -64,7 +65,7 @@ from autockpt_torch.staging import optimizer_owned
 
 from . import internals
 from . import resume as _resume
-from .auto_resume import CONTINUES_EXACTLY, EPOCHS_DONE, apply_exact_state, load_newest
+from .auto_resume import CONTINUES_EXACTLY, EPOCHS_DONE, NOT_EXACT, apply_exact_state, load_newest
 from .buffer_warmup import BufferWarmup
 from .checkpoint_file import FRAMEWORK, SUFFIX, latest_checkpoint
 from .distributed import LightningRanks, check_strategy, warn_if_slurm_requeue
@@ -72,7 +73,9 @@ from .planned_end import planned_end_step
 from .progress_counters import NOT_STARTED, Counter, epoch_counter, step_counter
 from .sharded import ShardedSave, check_sharded_config, is_sharded
 from .signals import hand_back, take_sigterm
+from .step_loss import float_loss
 from .trust_check import FirstCheckpointCheck
+from .validation_watch import ValidationWatch
 
 __all__ = ["AutoCheckpoint", "CheckpointEvent", "PreemptionRecord", "latest_checkpoint"]
 
@@ -124,6 +127,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._restore_state: dict[str, Any] | None = None  # from load_state_dict, applied in on_train_start
         self._rng_for_save: dict[int, dict[str, Any]] | None = None
         self._preemption: PreemptionHandler | None = None
+        self._validation = ValidationWatch(_resume.gather_rng)  # a signal during validation
         self._last_step: int | None = None
         self._step_end: Callable[..., None] = self._before_fit  # the driver's, from on_fit_start
         self._unclean: bool | Callable[[], bool] = False
@@ -162,7 +166,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             self.config, LightningRanks(trainer), self._session, self._take,
             save_on_train_end=self.save_on_train_end, preemption=self._preemption, signals_wait=True,
             publish=self._publish, drain=self._drain, nothing_left=self._nothing_left,
-            device_busy=queue_busy_probe(trainer.strategy.root_device), loss_of=_float_loss,
+            device_busy=queue_busy_probe(trainer.strategy.root_device), loss_of=float_loss,
         )  # fmt: skip
         self._step_end = driver.step_end
         writes = driver.writes
@@ -191,7 +195,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._steps, self._epochs = step_counter(trainer), epoch_counter(trainer)
         driver.begin(trainer.global_step)
         driver.expect_end(planned_end_step(trainer))
-        driver.boundary(trainer.global_step)  # a signal during the resume or the sanity check
+        driver.boundary(trainer.global_step)  # a signal during the resume
+        self._validation.watch(trainer)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator states per rank and ResumableSampler positions (inside dump_checkpoint)."""
@@ -219,6 +224,11 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._step_epoch = self._epochs.completed  # current_epoch; at train end it counts the epochs done
         # the driver notes the raw outputs; _loss_of and the other callables run only at a decision
         self._step_end(step, outputs, self._unclean, self._prepare)
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        """A signal during validation or the sanity check is acted on now (validation_watch.py)."""
+        if self._driver is not None:
+            self._driver.outside_step(trainer.global_step)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -262,8 +272,11 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         meta: dict[str, Any] = {EPOCHS_DONE: trainer.current_epoch}
         if due.final:
             meta[CONTINUES_EXACTLY] = due.exact
+        if self._validation.inexact is not None:  # a signal during validation (validation_watch.py)
+            meta[NOT_EXACT] = self._validation.inexact
         epoch = self._step_epoch if self._step_epoch is not None else trainer.current_epoch
-        self._rng_for_save = _resume.gather_rng(trainer)  # read by state_dict() inside dump_checkpoint
+        # read by state_dict() inside dump_checkpoint; during validation, those of the step's end
+        self._rng_for_save = self._validation.rng or _resume.gather_rng(trainer)
         try:
             return self._save(trainer, due.step, epoch, due.reason, meta)
         finally:
@@ -327,6 +340,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             warn_if_slurm_requeue(trainer)
 
     def _stop_preemption(self, trainer: pl.Trainer | None) -> None:
+        self._validation.stop()
         if trainer is not None:
             hand_back(trainer, self._preemption)
         elif self._preemption is not None:
@@ -358,9 +372,9 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             # "device") during the next step, whose on_before_optimizer_step waits for the copy
             deferrable = optimizer_owned(trainer.lightning_module.parameters(), trainer.optimizers)
             snapshotter = self._snapshotter
-            tree, copied_bytes, pending = snapshotter.snapshot(
-                connector.dump_checkpoint(weights_only=False), buffers, deferrable
-            )
+            with self._validation.inside_batch(trainer):  # a signal during validation: see there
+                dumped = connector.dump_checkpoint(weights_only=False)
+            tree, copied_bytes, pending = snapshotter.snapshot(dumped, buffers, deferrable)
             self._trust.check(tree, step)  # the first checkpoint: would a weights-only resume load it?
             portable = portable_tree_write(tree, WRITE_RECORDS)  # torch.save(tree, file) in either persist mode
             return Snapshot(write=portable.run, nbytes=copied_bytes, pending=pending, mode=snapshotter.mode,
@@ -382,19 +396,3 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
             raise RuntimeError("AutoCheckpoint hooks ran before on_fit_start; use it through Trainer.fit().")
         return self._trainer
 
-
-def _float_loss(outputs: Any) -> float | None:
-    """The loss in ``training_step``'s output as a float (on CUDA this waits for the step)."""
-    loss = _loss_of(outputs)
-    return float(loss) if loss is not None else None
-
-
-def _loss_of(outputs: Any) -> torch.Tensor | float | None:
-    """The scalar loss in ``training_step``'s output (a tensor or a dict with "loss"), if any,
-    detached and not read: on CUDA, reading it waits for the step to finish on the device."""
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-    if isinstance(loss, torch.Tensor):
-        return loss.detach() if loss.numel() == 1 else None
-    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-        return float(loss)
-    return None

@@ -49,6 +49,10 @@ INTERNALS: dict[str, Internal] = {
     "should_check_val": Internal(
         "_TrainingEpochLoop", "_should_check_val_fx", "deferring a checkpoint from right before validation"
     ),
+    "val_loop": Internal(
+        "_TrainingEpochLoop", "val_loop", "acting on a signal during validation (it then waits for the next step)",
+        exactness=False,
+    ),
     "wrapped_sampler": Internal(
         "_DatasetSamplerWrapper", "_sampler", "the check of a shuffling sampler Lightning wraps for DDP"
     ),
@@ -128,6 +132,11 @@ def validation_next(trainer: pl.Trainer, fetcher: Any) -> bool | None:
     return None if should_check is None else bool(should_check(fetcher))
 
 
+def validation_loop(trainer: pl.Trainer) -> Any | None:
+    """The fit's validation loop (its ``run()`` starts each validation); None where missing."""
+    return read(trainer.fit_loop.epoch_loop, "val_loop")
+
+
 def wrapped_sampler(dataset: Any) -> Any:
     """The sampler a ``DistributedSamplerWrapper``'s dataset wraps; :data:`UNKNOWN` where missing."""
     value = lookup(INTERNALS, dataset, "wrapped_sampler")
@@ -173,7 +182,7 @@ def missing(trainer: pl.Trainer) -> list[Internal]:
     holders: list[tuple[Any, tuple[str, ...]]] = [
         (trainer, ("checkpoint_connector", "signal_connector", "accelerator_connector")),
         (trainer.fit_loop, ("combined_loader", "data_fetcher")),
-        (trainer.fit_loop.epoch_loop, ("ready_batches_reached", "should_check_val")),
+        (trainer.fit_loop.epoch_loop, ("ready_batches_reached", "should_check_val", "val_loop")),
     ]
     connector = read(trainer, "checkpoint_connector")
     if connector is not None:

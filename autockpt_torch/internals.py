@@ -18,8 +18,9 @@ CRC-32. The callers get None from the accessors here and take those paths; no
 callback's ``setup("fit")``) logs one warning per missing name, saying what is off.
 
 Checked against torch 2.13 (the CPU build every test run here uses; torch 2.6 had no
-``_get_storage_alignment``, so ``zip_crc32=False`` kept the CRCs there). The canaries in ``tests/compat/test_torch_internals.py`` check every name on the installed torch
-and write a checkpoint with each one taken away.
+``_get_storage_alignment``, so ``zip_crc32=False`` kept the CRCs there). The canaries in
+``tests/compat/test_torch_internals.py`` check every name on the installed torch and write a
+checkpoint with each one taken away.
 
 Threading: read-only lookups, on the thread that writes (the writer thread, or the persist
 process).

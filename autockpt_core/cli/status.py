@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         ("work at risk", _seconds(status["work_at_risk_s"])),
         ("emergency checkpoint", _seconds(status["emergency_checkpoint_s"])),
         ("next checkpoint step", "-" if status["next_checkpoint_step"] is None else str(status["next_checkpoint_step"])),
+        *([("signal to durable", _seconds(status["signal_to_durable_s"]))] if status["signal_to_durable_s"] else []),
         ("process", _process(status)),
         ("updated", _when(status["updated"])),
     ]

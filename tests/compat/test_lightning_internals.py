@@ -64,6 +64,7 @@ class Reader(pl.Callback):
             "sigterm_notifier": type(signals)._sigterm_notifier_fn,
             "original_handlers": signals._original_handlers,
             "accelerator_connector": trainer._accelerator_connector,
+            "val_loop": loop.epoch_loop.val_loop,
         }
 
 
@@ -88,6 +89,7 @@ SHAPES = {
     "sigterm_notifier": lambda v: list(inspect.signature(v).parameters)[1:2] == ["signum"],
     "original_handlers": lambda v: isinstance(v, dict),
     "accelerator_connector": lambda v: hasattr(v, "cluster_environment"),
+    "val_loop": lambda v: callable(getattr(v, "run", None)) and hasattr(v, "restarted_mid_evaluation"),
 }
 
 

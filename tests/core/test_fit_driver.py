@@ -9,7 +9,7 @@ import signal
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -17,6 +17,7 @@ from autockpt_core import Config, Preempted, RunSummary
 from autockpt_core.checkpoint_event import CheckpointEvent
 from autockpt_core.fit_driver import FINAL_REASON, PREPARATION_WAIT_S, Due, FitDriver
 from autockpt_core.persist import CheckpointRecord
+from autockpt_core.checkpoint_store import EmergencyCommit
 from autockpt_core.policy.decision import Decision
 from autockpt_core.policy.process_group import PeerFailedError, ProcessGroup
 from tests.collectives import ThreadGather, ThreadGroup, on_threads
@@ -24,11 +25,22 @@ from tests.collectives import ThreadGather, ThreadGroup, on_threads
 TERM = int(signal.SIGTERM)
 
 
-class FakeWriter:
-    last_record = None
+class FakeStore:
+    """The session's checkpoint store at a preemption: nothing in flight, no record, no mirror."""
 
-    def wait(self) -> None:
-        pass
+    def commit_emergency(self, since: float, on_durable: Callable[[float], None]) -> EmergencyCommit:
+        on_durable(0.0)
+        return EmergencyCommit(None, None, 0.0)
+
+
+class FakeStatus:
+    """The session's status file: the preemptions it was told (step, seconds from the signal)."""
+
+    def __init__(self) -> None:
+        self.preemptions: list[tuple[int, float]] = []
+
+    def preempted(self, step: int, signal_to_durable_s: float) -> None:
+        self.preemptions.append((step, signal_to_durable_s))
 
 
 class FakeSession:
@@ -44,7 +56,7 @@ class FakeSession:
         self.waited_for_mirror: list[bool] = []
         self.finish_error: Exception | None = None
         self.record: CheckpointRecord | None = None
-        self.writer = FakeWriter()
+        self.store = FakeStore()
         self.storage = None
         self.mirror = None
         self.last_decision: Decision | None = None
@@ -55,6 +67,7 @@ class FakeSession:
         self.next_step: int | None = None
         self.clock = time.perf_counter
         self.statuses: list[tuple[str, int]] = []  # report_status calls (the emergency's "preempted")
+        self.status = FakeStatus()
 
     def preparing(self) -> bool:
         return self.step in self.prefaulting
@@ -316,6 +329,7 @@ def test_a_signal_commits_a_checkpoint_of_its_step_then_exits(
     assert (stopped.value.signum, stopped.value.step) == (TERM, expected[0][0])
     assert driver.preempted is not None and driver.preempted.step == expected[0][0]
     assert session.statuses == [("preempted", expected[0][0])]  # the status file says so, once committed
+    assert [step for step, _ in session.status.preemptions] == [expected[0][0]]  # with the seconds it took
 
 
 def test_a_signal_at_a_due_checkpoint_takes_one_checkpoint(tmp_path: Path) -> None:
@@ -355,6 +369,56 @@ def test_a_signal_at_a_boundary(tmp_path: Path, trained: bool, resumed: int | No
     with pytest.raises(Preempted):
         driver.boundary(resumed or (2 if trained else 0))
     assert taker.taken == expected
+
+
+@pytest.mark.parametrize(
+    "signal_at, resumed, expected",
+    [
+        (None, None, []),  # no signal: validation goes on
+        (TERM, None, [(4, "preempted by SIGTERM")]),  # the last trained step, at once
+        (TERM, 4, []),  # the resumed checkpoint holds that step: nothing to take, still the exit
+    ],
+)
+def test_a_signal_outside_a_step_is_acted_on_at_once_on_one_process(
+    tmp_path: Path, signal_at: int | None, resumed: int | None, expected: list[Any]
+) -> None:
+    """Validation between steps 4 and 5 (``outside_step`` at each validation batch): a signal
+    that the deferral of an unclean step 4 held back is acted on there, not at step 5."""
+    driver, session, taker, handler = make(tmp_path, signals_wait=True)
+    if resumed is not None:
+        driver.resumed(resumed)
+    driver.begin(resumed or 0)
+    if resumed is None:
+        run_steps(driver, range(1, 4))
+        handler.signum = signal_at
+        run_steps(driver, range(4, 5), unclean=(4,))  # deferred: Lightning cannot resume exactly here
+        assert taker.taken == []
+    handler.signum = signal_at
+    if signal_at is None:
+        driver.outside_step(4)
+        assert taker.taken == [] and driver.preempted is None
+        return
+    with pytest.raises(Preempted) as stopped:
+        driver.outside_step(4)
+    assert stopped.value.step == 4 and taker.taken == expected
+    assert session.statuses[-1] == ("preempted", 4)
+
+
+def test_several_processes_leave_a_signal_outside_a_step_to_the_next_step(tmp_path: Path) -> None:
+    fits = drivers(tmp_path, 2)
+
+    def fit(i: int) -> Any:
+        driver, _, taker, handler = fits[i]
+        driver.begin(0)
+        driver.step_end(1, loss=1.0)
+        if i == 1:
+            handler.signum = TERM
+        driver.outside_step(1)  # not a collective: the processes may call it a different number of times
+        driver.step_end(2, loss=1.0)
+        return taker.taken
+
+    results = on_threads(2, fit)
+    assert all(isinstance(r, Preempted) and r.step == 2 for r in results), results
 
 
 def test_a_signal_after_the_last_step_ends_the_run_after_finish(tmp_path: Path) -> None:

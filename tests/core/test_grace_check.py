@@ -8,8 +8,7 @@ import warnings
 import pytest
 
 from autockpt_core import Config
-from autockpt_core.emergency import mirror_wait
-from autockpt_core.grace_check import EXIT_MARGIN_S, GraceCheck
+from autockpt_core.grace_check import EXIT_MARGIN_S, GraceCheck, mirror_wait
 from autockpt_core.policy import Estimates
 
 
@@ -23,7 +22,8 @@ from autockpt_core.policy import Estimates
     ],
 )
 def test_the_mirror_waits_for_what_is_left_of_the_grace_period(config: dict, elapsed: float, wait: float) -> None:
-    assert mirror_wait(Config(dirpath="ck", **config), elapsed) == pytest.approx(wait)
+    cfg = Config(dirpath="ck", **config)
+    assert mirror_wait(cfg.grace_period, cfg.mirror_preempt_wait, elapsed) == pytest.approx(wait)
     assert EXIT_MARGIN_S == 2.0
 
 

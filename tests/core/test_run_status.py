@@ -143,3 +143,14 @@ def test_status_file_false_writes_none(tmp_path: Path) -> None:
     run(session, clock, {"w": np.zeros(3, np.float32)}, 20)
     session.finish()
     assert read_status(tmp_path) is None
+
+
+def test_a_preemption_records_the_time_from_the_signal_to_its_commit(tmp_path: Path) -> None:
+    status = status_file(tmp_path, Clocks())
+    status.report("training", 10, next_step=20)
+    status.preempted(12, 0.8)
+    data = read_status(tmp_path)
+    assert data is not None
+    assert (data["state"], data["step"], data["signal_to_durable_s"], data["next_checkpoint_step"]) == ("preempted", 12, 0.8, None)
+    status.end("failed")  # the session closing after Preempted was raised: it stays preempted
+    assert (read_status(tmp_path) or {})["state"] == "preempted"

@@ -4,15 +4,17 @@ The parent (``harness.py``) passes one fault per process in the environment:
 
 - ``AUTOCKPT_FAULT_PLAN``: JSON ``{"phase": ..., "nth" or "at": ..., "action": ...}``
   (absent: no fault);
-- ``AUTOCKPT_FAULT_LOG``: a file the child appends one JSON line to right before acting, so the
-  parent can check that the fault happened where it was planned.
+- ``AUTOCKPT_FAULT_LOG``: a file the child appends one JSON line to right before acting (with
+  its ``time.time()``), so the parent can check that the fault happened where and when it was
+  planned.
 
 Phases, and where the script reports them:
 
 =============  ==========================================================================
 ``step``       the script calls ``plan.hit("step", step=s)`` inside every training step;
                ``at`` is the global step (0-based, before the step's update)
-``val``        Lightning script: inside every validation step of fit() (``step`` = global step)
+``val``        Lightning script: inside every validation step of fit(); Keras script: at every
+               validation batch's start in fit() (``step`` = global step)
 ``sanity``     Lightning script: inside every validation step of the sanity check
 ``snapshot``   the script calls ``plan.hit("snapshot")`` inside the snapshot (phase 1)
 ``persist``    ``FaultStorage``: the checkpoint file is half written (temporary name); with
@@ -103,7 +105,7 @@ class FaultPlan:
         if not self.due(phase, step):
             return
         self.done = True
-        self.log(phase=phase, step=step, action=self.action, rank=process_rank(), **info)
+        self.log(phase=phase, step=step, action=self.action, rank=process_rank(), time=time.time(), **info)
         training = target if target is not None else os.getpid()
         if self.action == "kill":
             if os.environ.get(KILL_JOB_ENV) == "1":

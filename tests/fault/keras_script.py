@@ -3,7 +3,7 @@
 ``python -m tests.fault.keras_script DIRPATH OUT [--baseline] [--backend tensorflow|torch]
 [--inputs arrays|pydataset|tfdata|repeat|dataloader] [--epochs N] [--every K]
 [--steps-per-epoch S] [--steps-per-execution K] [--val] [--async-persist 0|1] [--seed N]
-[--strategy none|mirrored|dataparallel]``
+[--strategy none|mirrored|dataparallel] [--val-sleep S] [--val-batch B] [--grace D]``
 
 A small MLP with dropout and batch normalization, Adam with a per-step decaying learning
 rate, on shuffled synthetic data: 96 samples, batch 8, so 12 steps per epoch (``--inputs
@@ -33,7 +33,7 @@ and the script's exit status is process 0's (or process 1's, if only that one fa
 The callback checkpoints every ``--every`` steps (dense, so faults land in every phase),
 keeps 2, and resumes automatically. Faults come from ``tests.fault.child``: ``step`` is
 reported in ``on_train_batch_begin`` (skipped batches of a resumed epoch report the
-checkpoint's step), ``snapshot`` inside the callback's snapshot, the storage phases through
+checkpoint's step), ``val`` in ``on_test_batch_begin`` of ``fit()``'s validation, ``snapshot`` inside the callback's snapshot, the storage phases through
 ``FaultStorage``. ``OUT`` gets every model and optimizer variable, by path;
 ``OUT.logs.json`` the epochs this process trained and their ``History`` logs.
 """
@@ -68,6 +68,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline", default=None, help="the callback's deadline")
     parser.add_argument("--notice", default=None, help="the callback's preemption_notice (polled every 0.2 s)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds each training step sleeps (a long run)")
+    parser.add_argument("--val-sleep", type=float, default=0.0, help="seconds each validation batch sleeps")
+    parser.add_argument("--val-batch", type=int, default=None, help="validation_batch_size (32 samples)")
+    parser.add_argument("--grace", default=None, help="the callback's grace_period")
     return parser.parse_args(argv)
 
 
@@ -202,6 +205,13 @@ class StepProbe(keras.callbacks.Callback):
         if ARGS.step_sleep:
             time.sleep(ARGS.step_sleep)  # a longer run; the weights do not change
 
+    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        PLAN.hit("val", step=int(self.model.optimizer.iterations.numpy()), batch=batch)
+
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        if ARGS.val_sleep:
+            time.sleep(ARGS.val_sleep)  # a longer validation
+
 
 def _hook_snapshot() -> None:
     """Report the ``snapshot`` phase inside the callback's snapshot (after the copy)."""
@@ -248,11 +258,14 @@ def main() -> int:
                 async_persist=bool(ARGS.async_persist),
                 storage=storage,
                 **({"deadline": ARGS.deadline} if ARGS.deadline else {}),
+                **({"grace_period": ARGS.grace} if ARGS.grace else {}),
                 **({"preemption_notice": ARGS.notice, "notice_poll_interval": 0.2} if ARGS.notice else {}),
             )
         )
     callbacks.append(StepProbe())
     validation = (x[:32, :8], y[:32]) if ARGS.val else None
+    if ARGS.val_batch:
+        kwargs["validation_batch_size"] = ARGS.val_batch
     history = model.fit(*data, epochs=ARGS.epochs, verbose=0, callbacks=callbacks, validation_data=validation, **kwargs)
     if ARGS.strategy == "jaxdist" and jax.process_index() != 0:
         return 0  # process 0 writes OUT

@@ -1,11 +1,13 @@
 """Lightning training script for the fault harness (contract: see harness.py).
 
 ``python -m tests.fault.lightning_script DIRPATH OUT [--baseline] [--loader stateful|sampler|sampler-workers|iterable]
-[--epochs N] [--every K] [--val] [--async-persist 0|1] [--persist-mode thread|process] [--devices N] [--sharded]``
+[--epochs N] [--every K] [--val] [--async-persist 0|1] [--persist-mode thread|process] [--devices N] [--sharded]
+[--val-batch B] [--val-every N] [--val-sleep S] [--grace D] ...``
 
 A small MLP with dropout, Adam and a per-step StepLR, on shuffled synthetic data: 96 samples,
 batch 8, so 12 steps per epoch; a shuffled validation loader runs after each epoch (with
-``--val``). The callback checkpoints every ``--every`` steps (dense, so faults land in every
+``--val``; 32 samples in batches of ``--val-batch``, every ``--val-every`` steps if given, each
+batch sleeping ``--val-sleep`` seconds). The callback checkpoints every ``--every`` steps (dense, so faults land in every
 phase), keeps 2, and resumes automatically. Faults come from ``tests.fault.child``. With
 ``--persist-mode process`` the checkpoint files are written by autockpt's persist process
 (the script waits for it to be ready before training, so every checkpoint is) and the
@@ -108,8 +110,9 @@ class Stream(IterableDataset):
 
 
 class Data(pl.LightningDataModule):
-    def __init__(self, loader: str, val: bool) -> None:
+    def __init__(self, loader: str, val: bool, val_batch: int = 16) -> None:
         super().__init__()
+        self.val_batch = val_batch
         gen = torch.Generator().manual_seed(1234)
         self.x = torch.randn(96, 8, generator=gen)
         self.y = self.x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(96, 1, generator=gen)
@@ -131,7 +134,7 @@ class Data(pl.LightningDataModule):
         raise ValueError(self.loader)
 
     def val_dataloader(self) -> Any:
-        return DataLoader(TensorDataset(self.x[:32], self.y[:32]), batch_size=16, shuffle=True)
+        return DataLoader(TensorDataset(self.x[:32], self.y[:32]), batch_size=self.val_batch, shuffle=True)
 
 
 def train(
@@ -151,6 +154,8 @@ def train(
     persist_mode: str = "thread",
     devices: int = 1,
     sharded: bool = False,
+    val_batch: int = 16,
+    val_every: int | None = None,
     **callback_kwargs: Any,
 ) -> tuple[Net, pl.Trainer, AutoCheckpoint | None]:
     """Seed, build and fit; returns the model, the trainer and the callback (None for baseline)."""
@@ -180,11 +185,12 @@ def train(
         enable_model_summary=False,
         enable_checkpointing=False,
         num_sanity_val_steps=sanity,
-        limit_val_batches=2 if val else 0,
+        limit_val_batches=32 // val_batch if val else 0,
+        val_check_interval=val_every,
         default_root_dir=root or dirpath,
         callbacks=[*([callback] if callback else []), *extra_callbacks],
     )
-    trainer.fit(model, Data(loader, val), ckpt_path=ckpt_path)
+    trainer.fit(model, Data(loader, val, val_batch), ckpt_path=ckpt_path)
     return model, trainer, callback
 
 
@@ -219,6 +225,16 @@ class SleepEachStep(pl.Callback):
         self.seconds = seconds
 
     def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(self.seconds)
+
+
+class SleepEachValidationBatch(pl.Callback):
+    """A longer validation: each validation batch sleeps (the sanity check's too)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_validation_batch_end(self, *args: Any) -> None:
         time.sleep(self.seconds)
 
 
@@ -261,14 +277,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", default=None, help="the callback's deadline")
     parser.add_argument("--notice", default=None, help="the callback's preemption_notice (polled every 0.2 s)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds each training step sleeps (a long run)")
+    parser.add_argument("--val-sleep", type=float, default=0.0, help="seconds each validation batch sleeps")
+    parser.add_argument("--val-batch", type=int, default=16, help="the validation loader's batch size (32 samples)")
+    parser.add_argument("--val-every", type=int, default=None, help="validation every N steps (12 per epoch)")
+    parser.add_argument("--grace", default=None, help="the callback's grace_period")
     args = parser.parse_args(argv)
     mirrored: dict[str, Any] = {} if args.baseline or not args.mirror else {"mirror": args.mirror}
     if args.deadline and not args.baseline:
         mirrored["deadline"] = args.deadline
     if args.notice and not args.baseline:
         mirrored.update(preemption_notice=args.notice, notice_poll_interval=0.2)
-    if args.step_sleep:
-        mirrored["extra_callbacks"] = (SleepEachStep(args.step_sleep),)
+    if args.grace and not args.baseline:
+        mirrored["grace_period"] = args.grace
+    sleeps = (SleepEachStep(args.step_sleep),) if args.step_sleep else ()
+    sleeps += (SleepEachValidationBatch(args.val_sleep),) if args.val_sleep else ()
+    if sleeps:
+        mirrored["extra_callbacks"] = sleeps
     if mirrored and args.storage_options:
         mirrored["storage_options"] = json.loads(args.storage_options)
     warnings.filterwarnings("ignore", module="lightning")
@@ -285,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         persist_mode=args.persist_mode,
         devices=args.devices,
         sharded=args.sharded,
+        val_batch=args.val_batch,
+        val_every=args.val_every,
         root=os.path.dirname(os.path.abspath(args.out)),
         **mirrored,
     )

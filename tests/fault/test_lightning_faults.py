@@ -118,12 +118,12 @@ def test_sigterm_in_the_sanity_check_before_the_first_checkpoint_and_in_validati
     plans = [
         {"phase": "sanity", "nth": 1, "action": "sigterm"},  # before training: nothing to save
         {"phase": "step", "at": 1, "action": "sigterm"},  # before the first periodic checkpoint (5)
-        {"phase": "val", "nth": 1, "action": "sigterm"},  # validation after step 12: acted on at 13
+        {"phase": "val", "nth": 1, "action": "sigterm"},  # validation after step 12: acted on at once
     ]
     result = run_until_done(COMMAND, tmp_path / "ck", tmp_path / "w.npz", plans=plans, extra_args=args)
     result.assert_faults_happened()
     assert [a.returncode for a in result.attempts] == [143, 143, 143, 0], result.report()
-    assert [a.newest_step for a in result.attempts[:3]] == [None, 2, 13], result.report()
+    assert [a.newest_step for a in result.attempts[:3]] == [None, 2, 12], result.report()
     assert "SIGTERM received; nothing trained since step 0" in result.attempts[0].output
     assert_weights_equal(result.weights, expected)
 

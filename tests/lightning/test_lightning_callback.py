@@ -147,7 +147,7 @@ def test_config_object_and_file(tmp_path: Path) -> None:
 
 
 def test_loss_is_taken_from_training_step_outputs_and_read_only_when_asked() -> None:
-    from autockpt_lightning.callback import _loss_of
+    from autockpt_lightning.step_loss import loss_of as _loss_of
 
     loss = torch.tensor(0.5, requires_grad=True) * 1.0
     taken = _loss_of({"loss": loss, "extra": 1})

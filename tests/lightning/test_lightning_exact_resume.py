@@ -180,13 +180,15 @@ def test_sigterm_commits_a_checkpoint_exits_143_and_the_rerun_is_exact(tmp_path:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_at_the_end_of_an_epoch_checkpoints_one_step_later(tmp_path: Path, signum: int) -> None:
+def test_signal_at_the_end_of_an_epoch_is_committed_in_the_validation_after_it(tmp_path: Path, signum: int) -> None:
+    """Not at the epoch's last batch (Lightning cannot resume exactly from there): at the first
+    batch of the validation that follows, which can."""
     ckpts = str(tmp_path / "ck")
     with pytest.raises(SystemExit) as info:
-        # step index 11 ends the first epoch (validation follows): the checkpoint is step 13
+        # step index 11 ends the first epoch (validation follows): the checkpoint is step 12
         train(ckpts, val=True, epochs=2, every=100, model_cls=signal_at(STEPS_PER_EPOCH - 1, signum))
     assert info.value.code == 128 + signum  # SIGTERM: Lightning's own handler used to exit 0 here
-    assert steps_of(Path(ckpts)) == [STEPS_PER_EPOCH + 1]
+    assert steps_of(Path(ckpts)) == [STEPS_PER_EPOCH]
     model, _, _ = train(ckpts, val=True, epochs=2, every=100)
     assert_weights_equal(weights_of(model), baseline(tmp_path))
 
@@ -330,11 +332,16 @@ def test_more_epochs_with_only_the_final_checkpoint_left_warn(tmp_path: Path) ->
     assert cb is not None and cb.resumed_from == 24 and trainer.global_step == 3 * STEPS_PER_EPOCH
 
 
-def test_signal_during_validation_commits_the_next_step_and_exits_143(tmp_path: Path) -> None:
+def test_signal_during_validation_commits_the_last_step_at_once_and_exits_143(tmp_path: Path) -> None:
+    """SIGTERM in the first validation batch after the epoch's last step: the next validation
+    batch commits that step (not the step after validation), and the resume, which runs the
+    interrupted validation again, ends bitwise equal."""
     ckpts = str(tmp_path / "ck")
+    seen: list[int] = []
 
     class SignalInValidation(Net):
         def validation_step(self, batch: Any, batch_idx: int) -> None:
+            seen.append(batch_idx)
             if self.trainer.global_step == STEPS_PER_EPOCH and batch_idx == 0:
                 signal.raise_signal(signal.SIGTERM)
             super().validation_step(batch, batch_idx)
@@ -342,10 +349,12 @@ def test_signal_during_validation_commits_the_next_step_and_exits_143(tmp_path: 
     with pytest.raises(SystemExit) as info:
         train(ckpts, val=True, epochs=2, every=5, model_cls=SignalInValidation)
     assert info.value.code == 143  # never 0 (Lightning's own SIGTERMException exits 0)
+    assert seen == [0]  # acted on before the second validation batch
     newest = read_manifest(storage_for(ckpts))[-1]
-    assert newest.step == STEPS_PER_EPOCH + 1 and newest.meta["reason"] == "preempted by SIGTERM"
+    assert newest.step == STEPS_PER_EPOCH and newest.meta["reason"] == "preempted by SIGTERM"
+    assert "not_exact" not in newest.meta
     model, _, cb = train(ckpts, val=True, epochs=2, every=5)
-    assert cb is not None and cb.resumed_from == STEPS_PER_EPOCH + 1
+    assert cb is not None and cb.resumed_from == STEPS_PER_EPOCH
     assert_weights_equal(weights_of(model), baseline(tmp_path))
 
 
