@@ -172,7 +172,8 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
 
 def _spawn_fields(settings: dict[str, Any], directory: str, log: str, steps: int) -> dict[str, Any]:
     return {"dir": directory, "log": log, "steps": steps, "warmup": 0, "threads": settings["threads"],
-            "keras_backend": settings["keras_backend"], "out": os.path.join(os.path.dirname(log), "unused.json")}
+            "keras_backend": settings["keras_backend"], "out": os.path.join(os.path.dirname(log), "unused.json"),
+            "notice_s": settings.get("notice_s", 0.0)}  # with notices, autockpt listens for SIGTERM
 
 
 def _run_method(framework: str, workload: Workload, method: dict[str, Any], steps: int, settings: dict[str, Any],

@@ -44,7 +44,8 @@ def run_goodput(job: Job, log: EventLog) -> None:
         wrap_call(cb, "_save_model", after=checkpoint_event(lambda args: probe.position()))
         callbacks.append(cb)
     elif name in ("autockpt", "autockpt-budget", "autockpt-mtbf"):
-        auto = make_autockpt({**method, "name": "autockpt" if name == "autockpt" else "autockpt-budget"}, d, resume=True)
+        auto = make_autockpt({**method, "name": "autockpt" if name == "autockpt" else "autockpt-budget"}, d, resume=True,
+                             signals=bool(job.spec.get("notice_s")))  # goodput --notice: act on the SIGTERM
         wrap_call(auto, "_take", after=checkpoint_event(lambda args: args[0].step))
         callbacks.append(auto)
     elif name != "none":

@@ -66,12 +66,16 @@ def h5_step(path: Path, spe: int) -> int:
     return (int(e[1:]) - 1) * spe + int(b[1:])
 
 
-def make_autockpt(method: dict[str, Any], directory: Path, *, resume: bool, saves: bool = True) -> Any:
+def make_autockpt(method: dict[str, Any], directory: Path, *, resume: bool, saves: bool = True, signals: bool = False) -> Any:
+    """autockpt as the study runs it; ``signals``: listen for the default signals (goodput
+    ``--notice``), else none."""
     from autockpt_keras import AutoCheckpoint
 
     if method.get("user_defaults"):  # examples/process_fixed_costs.py: what a user gets with no argument
         return AutoCheckpoint(str(directory))
-    kwargs: dict[str, Any] = {"keep_last": 2, "resume": resume, "verbose": False, "save_on_train_end": False, "signals": ()}
+    kwargs: dict[str, Any] = {"keep_last": 2, "resume": resume, "verbose": False, "save_on_train_end": False}
+    if not signals:
+        kwargs["signals"] = ()
     if not saves:
         kwargs["every_n_steps"] = NEVER
     elif method["name"] in ("autockpt", "autockpt-ab"):

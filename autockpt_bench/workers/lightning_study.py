@@ -188,8 +188,9 @@ def _autockpt(spec: dict[str, Any], method: dict[str, Any], resume: bool, every:
         keywords["overhead_budget"] = method["budget"]
         if method["name"] == "autockpt-mtbf":
             keywords["mtbf"] = method["mtbf_s"]
-    return AutoCheckpoint(spec["dir"], keep_last=2, resume=resume, verbose=False, save_on_train_end=False,
-                          signals=(), **keywords)
+    if not spec.get("notice_s"):  # goodput --notice: the default signals, so the notice is acted on
+        keywords["signals"] = ()
+    return AutoCheckpoint(spec["dir"], keep_last=2, resume=resume, verbose=False, save_on_train_end=False, **keywords)
 
 
 def newest_ckpt(directory: str) -> str | None:
@@ -381,7 +382,11 @@ def goodput(workload: Workload, method: dict[str, Any], spec: dict[str, Any], lo
     probe.on_step = on_step
     model = models.StudyModule(workload, probe)
     trainer = _trainer(spec, steps, callbacks)
-    trainer.fit(model, models.loader(workload), ckpt_path=ckpt_path)
+    try:
+        trainer.fit(model, models.loader(workload), ckpt_path=ckpt_path)
+    except SystemExit:  # goodput --notice: autockpt's emergency checkpoint, then Preempted (exit 143)
+        log_checkpoints(None)
+        raise
     if trainer.global_step < steps:
         raise SystemExit(f"lightning_study: training ended at step {trainer.global_step} before step {steps}")
     if probe.resumed_step is None:  # the checkpoint already held the last step: nothing was trained
