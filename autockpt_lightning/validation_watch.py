@@ -6,9 +6,9 @@ next training step could outlast the grace window. The callback's ``on_validatio
 calls ``FitDriver.outside_step``, which acts on a signal there: the checkpoint of the last
 trained step, committed, then the exit.
 
-That checkpoint resumes exactly (measured on Lightning 2.6.6 and 2.5.1: a stateful loader, a
+That checkpoint resumes exactly (measured on Lightning 2.6.6: a stateful loader, a
 ``ResumableSampler`` with and without workers, a stream without a length; validation mid-epoch
-and at an epoch's end). Two things make it so:
+and at an epoch's end; on 2.5.1, mid-epoch). Two things make it so:
 
 - its loops' state is the one Lightning restarts an interrupted validation from
   (``RESTARTED_MID_EVALUATION``: the validation loop counted inside a batch, which
@@ -19,9 +19,9 @@ and at an epoch's end). Two things make it so:
   keeps when a validation begins: the validation loader's iterator draws its seed from torch's
   generator before any validation hook runs, and the rerun validation draws it again.
 
-One case is not exact: the validation after an epoch's last batch of a train loader without a
-length (the resumed fit fetches the next epoch's first batch ahead and drops it). That
-checkpoint is taken all the same (it holds the newest work), marked in the manifest
+Not exact: the validation after an epoch's last batch of a train loader without a length (the
+resumed fit fetches the next epoch's first batch ahead and drops it), and after any epoch's
+last batch before Lightning 2.6 (2.5.1 measured). That checkpoint is taken all the same (it holds the newest work), marked in the manifest
 (``not_exact``), and a resume from it warns (``ResumeNotExactWarning``).
 
 Call order (training thread, one process: with several the driver waits for the next step):
@@ -96,10 +96,20 @@ class ValidationWatch:
         self.rng, self.inexact = None, None
 
 
+EXACT_AT_EPOCH_END = tuple(int(part) for part in pl.__version__.split(".")[:2]) >= (2, 6)
+"""Whether this Lightning resumes exactly from a checkpoint taken in the validation after an
+epoch's last batch (measured: 2.6.6 does, 2.5.1 does not; mid-epoch validation both do)."""
+
+
 def _inexact_after(trainer: pl.Trainer) -> str | None:
     """Why a checkpoint taken in the validation starting now cannot resume exactly, if so: after
-    an epoch's last batch of a train loader without a length, the resumed fit fetches the next
-    epoch's first batch ahead and drops it (its next epoch starts one batch later)."""
-    if internals.at_epochs_last_batch(trainer) and math.isinf(trainer.num_training_batches):
+    an epoch's last batch of a train loader without a length (the resumed fit fetches the next
+    epoch's first batch ahead and drops it), or of any loader before Lightning 2.6."""
+    if not internals.at_epochs_last_batch(trainer):
+        return None
+    if math.isinf(trainer.num_training_batches):
         return "taken during the validation after an epoch's last batch of a train loader without a length"
+    if not EXACT_AT_EPOCH_END:
+        return (f"taken during the validation after an epoch's last batch, which Lightning {pl.__version__} "
+                "does not resume from exactly (2.6 does)")
     return None
