@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--framework", choices=sorted(FRAMEWORKS) + ["both"], default="both", help="which framework to run"
     )
     parser.add_argument("--budget", default="2%", help="overhead budget (default 2%%)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="Lightning: optimizer steps in all (max_steps; default 500); a rerun with the same "
+                        "--dirpath resumes and trains up to this")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="Keras: epochs to train in this run (default 4); a rerun resumes and trains this many more")
     parser.add_argument("--keras-backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"),
                         help="Keras backend of the Keras run: tensorflow, torch or jax (default $KERAS_BACKEND, else tensorflow)")
 
@@ -35,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         env = dict(os.environ, KERAS_BACKEND=args.keras_backend)
         cmd = [sys.executable, *FRAMEWORKS[name], "--dirpath", os.path.join(args.dirpath, name), "--budget", args.budget]
+        own = {"lightning": ("--steps", args.steps), "keras": ("--epochs", args.epochs)}[name]
+        if own[1] is not None:
+            cmd += [own[0], str(own[1])]
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
         status = subprocess.call(cmd, env=env) or status
     return status

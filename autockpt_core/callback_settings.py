@@ -140,6 +140,7 @@ class CallbackSettings:
         mirror_takeover: bool = _D["mirror_takeover"],
         allow_pickle: bool = _D["allow_pickle"],
         status_file: bool = _D["status_file"],
+        log_metrics: bool | None = _D["log_metrics"],
         grace_period: float | str = _D["grace_period"],
         deadline: float | str | None = _D["deadline"],
         preemption_notice: str | None = _D["preemption_notice"],

@@ -60,10 +60,11 @@ class Config:
             front-loaded schedule weighs progress over this horizon (without it, the horizon
             is where the fitted loss curve has made 99% of its decrease).
         signals: Signals that request an emergency checkpoint at the next step boundary
-            (names such as "SIGTERM", "USR1"); empty turns preemption handling off. See
-            ``docs/reliability.md``.
+            (names such as "SIGTERM", "USR1"); empty turns preemption handling off. Default:
+            SIGTERM, SIGUSR1 and SIGINT (Ctrl-C). See ``docs/reliability.md``.
         on_preempt: After the emergency checkpoint is durable: "exit" (the run ends with exit
-            status 128 + signal number) or "continue" training.
+            status 128 + signal number) or "continue" training (not for SIGINT, which always
+            stops: status 130).
         snapshot_mode: Where the snapshot copy runs (torch-based adapters): "sync" (on the
             training thread, done when the hook returns), "overlap" (during the next step's
             forward/backward, on a helper thread or a CUDA stream; the next optimizer step
@@ -134,6 +135,12 @@ class Config:
         status_file: Keep ``dirpath/autockpt-status.json`` current (a local ``dirpath``): the
             state, the step, the last durable step, the work at risk and what an emergency
             checkpoint takes, for a scheduler (``autockpt status DIR``). Default True.
+        log_metrics: Where autockpt's numbers (checkpoints, interval, stall, overhead) go.
+            None (default): each framework's quiet place: Lightning sends them to the trainer's
+            loggers (not the progress bar); Keras adds nothing to the epoch logs, which its
+            progress bar prints whole (``AutoCheckpoint.log_values()`` gives them). True: Keras
+            adds the ``autockpt_*`` keys to each epoch's logs (``History``, ``CSVLogger``,
+            ``TensorBoard``, and the progress bar). False: neither.
     """
 
     dirpath: str
@@ -165,6 +172,7 @@ class Config:
     mirror_takeover: bool = False
     allow_pickle: bool = False
     status_file: bool = True
+    log_metrics: bool | None = None
     grace_period: float = 30.0
     deadline: Any = "slurm"
     preemption_notice: str | None = None
@@ -221,6 +229,8 @@ class Config:
         set_(self, "profile_window", _check_int("profile_window", self.profile_window, minimum=3))
         for name in ("async_persist", "resume", "adaptive", "verbose", "mirror_takeover", "allow_pickle", "status_file"):
             set_(self, name, _check_bool(name, getattr(self, name)))
+        if self.log_metrics is not None:
+            set_(self, "log_metrics", _check_bool("log_metrics", self.log_metrics))
         if self.schedule not in SCHEDULES:
             known = ", ".join(repr(s) for s in SCHEDULES)
             raise ConfigError("schedule", self.schedule, "is not a known schedule", f"use one of {known}")

@@ -17,7 +17,7 @@ import signal
 import time
 
 from .checkpoint_store import EmergencyCommit
-from .preemption import PreemptionRecord, exit_code
+from .preemption import PreemptionRecord, exit_code, stops
 from .session import CheckpointSession
 
 __all__ = ["commit_emergency"]
@@ -66,7 +66,7 @@ def _message(session: CheckpointSession, step: int, signum: int, done: Emergency
     name = signal.Signals(signum).name
     by_signal = source in (None, name)
     asked = f"{name} received" if by_signal else f"the {source} came ({name})"
-    then = f"exiting with status {exit_code(signum)}" if on_preempt == "exit" else "training continues"
+    then = f"exiting with status {exit_code(signum)}" if stops(on_preempt, signum) else "training continues"
     if not done.path:
         return f"autockpt: {asked}; nothing trained since step {step}; {then}"
     mirror = session.mirror

@@ -53,7 +53,7 @@ from .persist.failures import unfinished_message
 from .fit_records import FitRecords
 from .policy.process_group import ProcessGroup
 from .policy.rank_timing import RankTimes, StepClock
-from .preemption import Preempted, PreemptionHandler, PreemptionRecord
+from .preemption import Preempted, PreemptionHandler, PreemptionRecord, stops
 from .preemption_sources import emergency_lead
 from .session import CheckpointSession
 from .step_ring import Drained, StepRing
@@ -359,7 +359,7 @@ class FitDriver:
         """After :meth:`finish`, at ``step``: a signal that came after the last step ends the run
         with :class:`Preempted` (``on_preempt="exit"``); the trained model is committed."""
         signum = self._late_signal if self._late_signal is not None else self._signum()
-        if signum is not None and self.config.on_preempt == "exit":
+        if signum is not None and stops(self.config.on_preempt, signum):
             raise Preempted(signum, step)
 
     def abandon(self) -> None:
@@ -427,7 +427,7 @@ class FitDriver:
         except Exception as exc:  # not committed: every process stops with it
             error = exc
         self.group.raise_if_any_failed(error)
-        if self.config.on_preempt == "exit":
+        if stops(self.config.on_preempt, signum):
             raise Preempted(signum, step)
         if self.preemption is not None:
             self.preemption.clear()

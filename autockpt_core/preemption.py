@@ -14,7 +14,7 @@ API (framework-free; both adapters use it)::
     ...                         # after each optimizer step:
     if handler.requested:       # a signal arrived since the last clear()
         save_and_wait()
-        if on_preempt == "exit":
+        if stops(on_preempt, handler.signum):
             raise Preempted(handler.signum)     # SystemExit(128 + signum)
         handler.clear()
     ...
@@ -71,11 +71,13 @@ __all__ = [
     "PreemptionHandler",
     "exit_code",
     "signal_names",
+    "stops",
 ]
 
 log = logging.getLogger("autockpt")
 
-DEFAULT_SIGNALS: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+DEFAULT_SIGNALS: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGINT")
+"""SIGINT is Ctrl-C: by default it commits the step's checkpoint and stops (status 130)."""
 REPEAT_ABSORBED_S = 1.0
 """A repeat of the signal being acted on within this many seconds of it is the same delivery
 twice (absorbed, once); a later one, or a third, ends the process by the previous disposition."""
@@ -112,6 +114,13 @@ def signal_names(values: Iterable[str | int]) -> tuple[str, ...]:
         if name not in names:
             names.append(name)
     return tuple(names)
+
+
+def stops(on_preempt: str, signum: int) -> bool:
+    """Whether the run ends after the emergency checkpoint of ``signum``: with
+    ``on_preempt="exit"``, and always for SIGINT (Ctrl-C asks to stop; "continue" is for a
+    scheduler's warning signals)."""
+    return on_preempt == "exit" or signum == signal.SIGINT
 
 
 def exit_code(signum: int) -> int:

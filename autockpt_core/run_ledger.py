@@ -128,4 +128,5 @@ class RunLedger:
             mirror=mirror,
             mirrored=mirrored,
             clock_note=clock_note,
+            mtbf_s=config.mtbf,
         )

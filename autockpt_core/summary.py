@@ -20,7 +20,8 @@ class RunSummary:
     autockpt's own per-step work as a fraction of the step time, reported beside the budget
     (which is the checkpoints'), and ``hook_us`` the same in microseconds per step.
     ``clock_note``: where the costs could only be read on the host's clock while an accelerator
-    runs the steps (TensorFlow, JAX on a GPU), that, at the end of the line.
+    runs the steps (TensorFlow, JAX on a GPU), that, at the end of the line. ``mtbf_s``: the
+    configured MTBF (None: the interval is the densest the budget allows, and the line says so).
     """
 
     framework: str
@@ -46,6 +47,7 @@ class RunSummary:
     hooks: float | None = None
     hook_us: float | None = None
     clock_note: str | None = None
+    mtbf_s: float | None = None
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -55,7 +57,8 @@ class RunSummary:
         overhead = overhead_text(self.overhead, self.overhead_band, self.budget)
         persist = format_duration(self.persist_s) if self.persist_s is not None else "n/a"
         interval = (
-            f"{self.interval_steps} steps ({self.interval_rule})" if self.interval_steps is not None else "n/a"
+            f"{self.interval_steps} steps ({self.interval_rule}{self._densest_note()})"
+            if self.interval_steps is not None else "n/a"
         )
         copy = f" ({self.copy_mode} copy)" if self.copy_mode else ""
         buffers = f", host buffers {format_size(self.buffer_peak_bytes)}" if self.buffer_peak_bytes else ""
@@ -79,6 +82,14 @@ class RunSummary:
         return (f"autockpt: its own per-step work took {self.hooks * 100:.2f}% of the step time "
                 f"({self.hook_us:.0f}µs per step), over a tenth of the {self.budget * 100:.2f}% budget; "
                 "the budget bounds the checkpoints alone (docs/policy.md, 'The budget is for checkpoints')")
+
+    def _densest_note(self) -> str:
+        """Without an MTBF the budget (or the persist time) sets the interval: the densest one the
+        budget allows, which a user may want sparser."""
+        rule = (self.interval_rule or "").rsplit(":", 1)[-1]
+        if self.mtbf_s is not None or rule not in ("budget", "persist"):
+            return ""
+        return ", the densest the budget allows without an mtbf; min_interval or mtbf for fewer"
 
     def _hooks_text(self) -> str:
         if self.hooks is None or self.hook_us is None:

@@ -23,8 +23,9 @@ Keras' state: the copy of every variable, the resume point of the data stream an
                           a checkpoint copies every variable into the session's buffers
     on_test_batch_begin   in fit()'s validation: driver.outside_step, a signal acted on now
                           (validation_watch.py: the resume point kept at on_test_begin)
-    on_epoch_end          add autockpt_checkpoints, _interval_steps, _stall_ms, _overhead_pct,
-                          _overhead_band_pct, _hook_pct to the epoch logs (epoch_logs.py)
+    on_epoch_end          with log_metrics=True: add autockpt_checkpoints, _interval_steps,
+                          _stall_ms, _overhead_pct, _overhead_band_pct, _hook_pct to the
+                          epoch logs (epoch_logs.py)
     on_train_end          driver.final, driver.finish, uninstall the handlers, driver.end
     (a hook raising)      release handlers, data stream and session: driver.abandon
 
@@ -249,7 +250,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         self._stopped_mid_epoch = bool(
             self.model.stop_training and self._batch is not None and not self._at_last_batch()
         )
-        if logs is not None:
+        if logs is not None and self.config.log_metrics:  # None: the progress bar stays as it was
             logs.update(self.log_values())
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:

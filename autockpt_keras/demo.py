@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     features = 64
-    auto = AutoCheckpoint(args.dirpath, overhead_budget=args.budget, mtbf=args.mtbf, verbose=False)
+    auto = AutoCheckpoint(args.dirpath, overhead_budget=args.budget, mtbf=args.mtbf, verbose=False, log_metrics=True)
     start_epoch = 0
     if latest_checkpoint(args.dirpath) is not None:
         start_epoch = load_checkpoint(args.dirpath)[1].next_epoch

@@ -1,8 +1,8 @@
 """The numbers the Keras callback adds to the epoch logs, and the loss it reads from a batch's logs.
 
-``on_epoch_end`` adds :data:`LOG_KEYS` to the epoch's logs (``History``, which Keras runs after
-the callbacks given, sees them); the driver reads a batch's loss from its ``logs`` through
-:func:`loss_in_logs`, only where it needs it. Training thread.
+With ``log_metrics=True``, ``on_epoch_end`` adds :data:`LOG_KEYS` to the epoch's logs
+(``History``, which Keras runs after the callbacks given, sees them); the driver reads a batch's
+loss from its ``logs`` through :func:`loss_in_logs`, only where it needs it. Training thread.
 """
 
 from __future__ import annotations

@@ -95,8 +95,8 @@ class SkipPlan:
 
     def describe(self, batches: int) -> str:
         if self.by_index:
-            return f"skipping the {batches} batch(es) already trained by index: only the first is loaded"
-        return f"drawing the {batches} batch(es) already trained ({self.reason})"
+            return f"the {batches} batch(es) already trained are skipped by index, only the first is loaded"
+        return f"the {batches} batch(es) already trained are drawn, not trained, as {self.reason}"
 
 
 def skip_plan(epoch_iterator: Any | None, inputs_kind: str, backend: str = "") -> SkipPlan:
@@ -121,7 +121,7 @@ def skip_plan(epoch_iterator: Any | None, inputs_kind: str, backend: str = "") -
         "torch DataLoader": "a torch DataLoader is drawn through its own iterator",
         "generator": "a generator can only be drawn",
     }
-    return SkipPlan(False, reasons.get(inputs_kind, f"{inputs_kind} input"))
+    return SkipPlan(False, reasons.get(inputs_kind, f"{inputs_kind} input can only be drawn"))
 
 
 def _loader_reason(loader: Any) -> str:

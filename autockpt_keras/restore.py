@@ -71,9 +71,9 @@ def restore_checkpoint(
     if say:
         where = f"epoch {info.next_epoch + 1}"
         if point is not None and point.batches_done > 0:
-            where += f", batch {point.batches_done + 1} ({exact.skip_plan.describe(point.batches_done)})"
+            where += f", batch {point.batches_done + 1}: {exact.skip_plan.describe(point.batches_done)}"
         elif point is None and info.batch is not None and info.next_epoch == info.epoch:
-            where += " from its first batch (this checkpoint has no batch position)"
+            where += " from its first batch: this checkpoint has no batch position"
         print(f"autockpt: resumed from {info.path} (step {info.step}); training continues with {where}", flush=True)
 
 

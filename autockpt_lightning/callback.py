@@ -165,7 +165,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         driver = self._driver = FitDriver(
             self.config, LightningRanks(trainer), self._session, self._take,
             save_on_train_end=self.save_on_train_end, preemption=self._preemption, signals_wait=True,
-            publish=self._publish, drain=self._drain, nothing_left=self._nothing_left,
+            publish=None if self.config.log_metrics is False else self._publish,
+            drain=self._drain, nothing_left=self._nothing_left,
             device_busy=queue_busy_probe(trainer.strategy.root_device), loss_of=float_loss,
         )  # fmt: skip
         self._step_end = driver.step_end

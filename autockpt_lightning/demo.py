@@ -4,7 +4,7 @@ Trains a small MLP on synthetic regression data (random tensors, fixed seed) on 
 :class:`AutoCheckpoint` and prints what the policy measured and decided: every checkpoint's
 step, reason, interval and stall, then the profiler's estimates and the summary line. All
 numbers are measured in this run. Rerunning with the same ``--dirpath`` resumes (raise
-``--steps`` to train further).
+``--steps``, also a flag of ``autockpt demo``, to train further).
 """
 
 from __future__ import annotations
@@ -102,17 +102,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
         loader = synthetic_loader(samples=args.batch_size * 64, batch_size=args.batch_size, seed=args.seed)
         trainer.fit(model, train_dataloaders=loader)
-    report(auto)
+    report(auto, args.steps)
     return 0
 
 
-def report(auto: AutoCheckpoint) -> None:
-    """Print each checkpoint's decision and cost, then the profiler's estimates."""
+def report(auto: AutoCheckpoint, steps: int) -> None:
+    """Print each checkpoint's decision and cost, then the profiler's estimates; for a rerun
+    that found its ``steps`` already trained, what to do instead."""
     session = auto.session
     if session is None:
         return
+    if auto.resumed_from is not None and auto.resumed_from >= steps:
+        print(f"nothing left to train: the checkpoint of step {auto.resumed_from} already reached --steps {steps}; "
+              f"rerun with --steps {2 * steps} to train further, or another --dirpath to start over")
+        return
     if auto.resumed_from is not None:
-        print(f"resumed from step {auto.resumed_from} (rerun with more --steps to train further)")
+        print(f"resumed from step {auto.resumed_from} (rerun with a larger --steps to train further)")
     print("checkpoints (step: reason | interval in force | stall | size):")
     for e in auto.events:
         interval = f"{e.interval_steps} steps ({e.interval_rule})" if e.interval_steps is not None else "not chosen yet"

@@ -4,8 +4,9 @@
     python examples/keras_quickstart.py            # rerun: resumes and trains 3 more
     KERAS_BACKEND=torch python examples/keras_quickstart.py --dirpath ckpts-torch
 
-Interrupt it (Ctrl-C) at any point and rerun: training continues from the newest valid
-checkpoint (at the start of the interrupted epoch). CPU only, well under a minute.
+Interrupt it (Ctrl-C) at any point: autockpt commits a checkpoint of the batch it is in and
+exits with status 130 (a second Ctrl-C stops at once). Rerun: training continues from the newest
+valid checkpoint, at the next batch. CPU only, well under a minute.
 """
 
 import argparse
@@ -38,7 +39,7 @@ model.compile(optimizer="adam", loss="mse")
 # Where a previous run stopped (fit() itself resumes there; we only use it to add epochs).
 done = load_checkpoint(args.dirpath)[1].next_epoch if latest_checkpoint(args.dirpath) else 0
 
-auto = AutoCheckpoint(args.dirpath, overhead_budget="2%")  # resumes automatically
+auto = AutoCheckpoint(args.dirpath, overhead_budget="2%", log_metrics=True)  # resumes; autockpt_* in History
 history = model.fit(x, y, batch_size=64, epochs=done + args.epochs, callbacks=[auto], verbose=2)
 
 print("interval (steps) per epoch:", history.history.get("autockpt_interval_steps", []))

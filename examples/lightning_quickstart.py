@@ -2,7 +2,9 @@
 
 Trains a small MLP on random data for 400 steps on the CPU. autockpt measures what a
 checkpoint costs and checkpoints as often as a 5% overhead budget allows. Interrupt it
-(Ctrl-C) and rerun: training resumes from the newest valid checkpoint in ``ckpts/``.
+(Ctrl-C): autockpt commits a checkpoint of the step it is in and exits with status 130 (a
+second Ctrl-C stops at once). Rerun: training resumes from the newest valid checkpoint in
+``ckpts/`` (after ``kill -9``, from the last periodic one).
 """
 
 import lightning.pytorch as pl

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,18 @@ def add_cost_arguments(parser: argparse.ArgumentParser, mtbf_required: bool = Fa
         "and a header row are skipped), or a JSON list of losses or [step, loss] pairs",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def rounded(value: object, digits: int = 6) -> object:
+    """``value`` with every float rounded to ``digits`` significant digits, for JSON output
+    (``0.35`` rather than ``0.35000000000000003``); dicts, lists and tuples are walked."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
 
 
 def duration(flag: str, text: str, *, allow_zero: bool = False) -> float:

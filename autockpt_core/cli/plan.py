@@ -21,18 +21,26 @@ from ..policy.decision import IntervalChoice, IntervalRules, choose_interval
 from ..policy.frontload import MAX_STRETCH, ValueModel, horizon_for, schedule_steps
 from ..policy.losscurve import fit_loss_curve
 from ..units import format_duration
-from .args import add_cost_arguments, config_from_args, estimates_from_args, read_loss_curve
+from ..policy.profiler import Estimates
+from .args import add_cost_arguments, config_from_args, estimates_from_args, read_loss_curve, rounded
 
 HELP = "show the checkpoint interval of each policy for given costs, and the one autockpt chooses"
 
-DESCRIPTIONS = {
-    "budget": "overhead budget: cost / interval <= budget",
-    "persist": "no new checkpoint before the previous persist finished",
-    "young": "Young: sqrt(2 * cost * MTBF)",
-    "daly": "Daly (2006) higher-order optimum",
-    "min_interval": "--min-interval",
-    "max_interval": "--max-interval",
-}
+
+
+def describe(rule: str, cost_s: float, est: Estimates, config: Config) -> str:
+    """What ``rule`` computed, with the figures it used (``cost_s``: the cost per checkpoint the
+    choice used, the same for every rule of one choice)."""
+    cost = format_duration(cost_s)
+    mtbf = format_duration(config.mtbf) if config.mtbf is not None else "?"
+    return {
+        "budget": f"overhead budget: {cost} per checkpoint / interval <= {config.overhead_budget:.3g}",
+        "persist": f"after the previous persist finished ({format_duration(float(est.persist_s or 0.0))})",
+        "young": f"Young: sqrt(2 * {cost} * MTBF {mtbf})",
+        "daly": f"Daly (2006) higher-order optimum at {cost}, MTBF {mtbf}",
+        "min_interval": "--min-interval",
+        "max_interval": "--max-interval",
+    }.get(rule, rule)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +52,9 @@ def plan(config: Config, args: argparse.Namespace) -> dict[str, Any]:
     est = estimates_from_args(args)
     choice = choose_interval(IntervalRules.of(config), est)
     t = float(est.iter_time_s)  # type: ignore[arg-type]
+    cost = float(choice.cost_s or 0.0)
     policies = {
-        name: {"steps": steps, "seconds": steps * t, "what": DESCRIPTIONS.get(name, name)}
+        name: {"steps": steps, "seconds": steps * t, "what": describe(name, cost, est, config)}
         for name, steps in choice.candidates.items()
     }
     out: dict[str, Any] = {
@@ -57,6 +66,7 @@ def plan(config: Config, args: argparse.Namespace) -> dict[str, Any]:
             "budget": config.overhead_budget,
             "total_steps": config.total_steps,
         },
+        "cost_per_checkpoint_s": cost,
         "policies": policies,
         "chosen_interval_s": choice.seconds,
         "chosen_interval_steps": choice.steps,
@@ -105,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     out = plan(config, args)
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps(rounded(out), indent=1))
         return 0
     console = Console(width=120)
     table = Table(title="autockpt plan: checkpoint interval per policy")

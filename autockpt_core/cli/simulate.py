@@ -23,7 +23,7 @@ from ..policy.intervals import daly_interval, young_interval
 from ..policy.losscurve import LossCurve, fit_loss_curve
 from ..policy.simulate import Failures, Job, SimResult, best_uniform_interval, simulate
 from ..units import format_duration
-from .args import add_cost_arguments, config_from_args, duration, estimates_from_args, read_loss_curve
+from .args import add_cost_arguments, config_from_args, duration, estimates_from_args, read_loss_curve, rounded
 
 HELP = "compare checkpoint policies under simulated failures (table and PNG plot)"
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if plot:
         _plot(plot, search, rows, failures, origin)
     if args.json:
-        print(json.dumps({"value_model": origin, "rows": rows, "plot": plot}, indent=1))
+        print(json.dumps(rounded({"value_model": origin, "rows": rows, "plot": plot}), indent=1))
         return 0
     _print_table(rows, job, failures, args.jobs, origin, plot)
     return 0

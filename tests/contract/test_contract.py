@@ -149,6 +149,28 @@ def test_sigterm_exits_143_after_a_checkpoint_of_its_step_and_a_rerun_resumes_fr
 
 @pytest.mark.integration
 @pytest.mark.parametrize("adapter", BOTH)
+def test_ctrl_c_commits_its_step_and_exits_130_by_default(tmp_path: Path, adapter: str) -> None:
+    """SIGINT to the process group inside step 15 (Ctrl-C in a terminal), default settings: the
+    step is committed and the run exits 130 (no KeyboardInterrupt mid-step); the rerun resumes."""
+    fits = ADAPTERS[adapter]
+    dirpath, out = tmp_path / "ck", tmp_path / "weights.npz"
+    args = [*fits.script_args, "--epochs", "2", "--every", "4"]
+    stopped = harness.run_once(fits.script, dirpath, out, {"phase": "step", "at": 14, "action": "sigint"},
+                               extra_args=args)
+    context = stopped.describe() + "\n" + stopped.output[-3000:]
+    assert stopped.events, "the signal was never sent:\n" + context
+    assert stopped.returncode == 128 + signal.SIGINT == 130, context
+    assert "KeyboardInterrupt" not in stopped.output, context
+    newest = records(dirpath)[-1]
+    assert (newest.step, newest.meta["reason"]) == (15, "preempted by SIGINT"), context
+    assert "autockpt: SIGINT received; checkpoint of step 15 committed" in stopped.output, context
+    assert "exiting with status 130" in stopped.output, context
+    rerun = harness.run_once(fits.script, dirpath, out, None, extra_args=args)
+    assert rerun.returncode == 0 and str(dirpath / newest.name) in rerun.output, rerun.output[-3000:]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("adapter", BOTH)
 def test_a_third_sigterm_ends_the_process_by_the_default_action(tmp_path: Path, adapter: str) -> None:
     """Three SIGTERMs 3 ms apart inside step 15: the third is not deferred (a stuck emergency
     checkpoint cannot hold a job), the process dies by SIGTERM, and what was committed before

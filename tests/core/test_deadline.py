@@ -118,7 +118,7 @@ def test_the_sources_start_once_with_the_handler_and_stop_with_it() -> None:
 def test_the_fits_handler_gathers_the_signals_and_the_deadline() -> None:
     assert preemption_for(Config(dirpath="/tmp/x", signals=(), deadline=None)) is None
     plain = preemption_for(Config(dirpath="/tmp/x", deadline=None))
-    assert plain is not None and plain.sources == () and plain.signals == ("SIGTERM", "SIGUSR1")
+    assert plain is not None and plain.sources == () and plain.signals == ("SIGTERM", "SIGUSR1", "SIGINT")
     timed = preemption_for(Config(dirpath="/tmp/x", signals=(), deadline="1h"))
     assert timed is not None and [type(s) for s in timed.sources] == [DeadlineWatch]
 

@@ -29,7 +29,7 @@ def test_signal_names_are_canonical_and_validated() -> None:
 
 
 def test_config_fields_validate_with_field_value_and_fix() -> None:
-    assert Config(dirpath="c").signals == ("SIGTERM", "SIGUSR1")
+    assert Config(dirpath="c").signals == ("SIGTERM", "SIGUSR1", "SIGINT")
     assert Config(dirpath="c").on_preempt == "exit"
     assert Config(dirpath="c", signals="term, USR2").signals == ("SIGTERM", "SIGUSR2")
     assert Config(dirpath="c", signals=[]).signals == ()
@@ -185,3 +185,14 @@ def test_a_handler_left_by_a_failed_fit_is_not_chained(restore_usr_handlers: Any
     assert handler.requested and seen == ["user"]
     handler.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is user
+
+
+@pytest.mark.parametrize(
+    "on_preempt, signum, ends",
+    [("exit", signal.SIGTERM, True), ("continue", signal.SIGTERM, False), ("continue", signal.SIGUSR1, False),
+     ("exit", signal.SIGINT, True), ("continue", signal.SIGINT, True)],
+)
+def test_a_run_stops_after_the_emergency_checkpoint_on_exit_and_always_on_ctrl_c(on_preempt, signum, ends) -> None:
+    from autockpt_core.preemption import stops
+
+    assert stops(on_preempt, signum) is ends

@@ -29,7 +29,8 @@ unset). Actions: ``kill`` (SIGKILL itself: nothing runs after it, not even ``fin
 or the writer thread; with :data:`KILL_JOB_ENV` set, SIGKILL of its whole process group, every
 rank and persist process at once, as torchrun tears a job down),
 ``sigterm`` (sends itself SIGTERM and goes on: the preemption path; ``sigterm2``/``sigterm3``
-send it 2 or 3 times, 3 ms apart), ``enospc`` / ``eacces``
+send it 2 or 3 times, 3 ms apart), ``sigint`` (SIGINT to its whole process group and goes on,
+as Ctrl-C in a terminal), ``enospc`` / ``eacces``
 (the write raises ``OSError``; persist phase only).
 
 Framework-free (stdlib and autockpt_core only; :func:`write_records_with_faults` imports
@@ -59,7 +60,7 @@ PLAN_ENV = "AUTOCKPT_FAULT_PLAN"
 LOG_ENV = "AUTOCKPT_FAULT_LOG"
 KILL_JOB_ENV = "AUTOCKPT_FAULT_KILL_JOB"  # "1": a kill takes the whole process group (all ranks)
 PHASES = ("step", "val", "sanity", "snapshot", "persist", "commit", "retention")
-ACTIONS = ("kill", "sigterm", "sigterm2", "sigterm3", "enospc", "eacces")
+ACTIONS = ("kill", "sigterm", "sigterm2", "sigterm3", "sigint", "enospc", "eacces")
 
 
 class FaultPlan:
@@ -117,6 +118,8 @@ class FaultPlan:
                 if i:
                     time.sleep(0.003)
                 os.kill(training, signal.SIGTERM)
+        elif self.action == "sigint":
+            os.killpg(os.getpgid(training), signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
         else:
             raise self.error()
 

@@ -545,7 +545,7 @@ def main() -> None:
                 ),
             }
             result["config"] = config_errors(workdir)
-            result["run"] = train(workdir / "run", epochs=2, seed=SEED)
+            result["run"] = train(workdir / "run", epochs=2, seed=SEED, log_metrics=True)
             result["run_files"] = files_report(workdir / "run")
             result["mid"] = train(workdir / "mid", epochs=2, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=2)
@@ -575,7 +575,7 @@ def main() -> None:
                 result["local"] = train(workdir / "uninterrupted", epochs=4, seed=SEED, save_on_train_end=False)
         elif phase == "resume":
             count_checkpoint_reads()
-            result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True)
+            result["run"] = train(workdir / "run", epochs=4, wait_for_persist=True, log_metrics=True)
             result["mid"] = train(workdir / "mid", epochs=4, save_on_train_end=False)
             result["loss_scaled"] = loss_scaled(workdir / "loss-scaled", epochs=4)
             for name in indexed_inputs():

@@ -78,7 +78,13 @@ def test_keys_are_unique_and_deterministic(results: dict[str, Any]) -> None:
     assert results["first"]["config"]["unique_keys"] == ["a", "b", "a#2", "a#2#2", "a#3"]
 
 
-def test_history_has_the_autockpt_keys_every_epoch(results: dict[str, Any]) -> None:
+def test_by_default_the_epoch_logs_and_so_the_progress_bar_get_no_autockpt_keys(results: dict[str, Any]) -> None:
+    for phase in ("first", "resume"):
+        history = results[phase]["mid"]["history"]
+        assert "loss" in history and not [k for k in history if k.startswith("autockpt")], (phase, sorted(history))
+
+
+def test_with_log_metrics_history_has_the_autockpt_keys_every_epoch(results: dict[str, Any]) -> None:
     for phase, epochs in (("first", 2), ("resume", 2)):
         run = results[phase]["run"]
         for key in results[phase]["log_keys"]:
@@ -177,7 +183,7 @@ def test_an_indexed_input_resume_skips_by_index_and_stays_exact(results: dict[st
     first, resumed = results["first"], results["resume"][name]
     assert resumed["restored_step"] == 18 and resumed["plan"] == {"by_index": True, "reason": ""}
     assert resumed["digest"] == first[f"{name}-whole"]["digest"]
-    assert any("skipping the 8 batch(es) already trained by index" in line for line in resumed["printed"])
+    assert any(", batch 9: the 8 batch(es) already trained are skipped by index, only the first" in line for line in resumed["printed"])
     replays_draws = name.endswith("-augment") and (loads_ahead(backend) or name.startswith("workers"))
     assert resumed["skip"] == ({"served": 0, "loaded": 8} if replays_draws else {"served": 7, "loaded": 1})
     said = [line for line in resumed["printed"] if "global generator" in line]

@@ -44,3 +44,26 @@ def test_inspect_missing_dir_is_clear_error(tmp_path, capsys) -> None:
     assert "none does not exist" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path)]) == 2  # a directory, not autockpt's
     assert "no autockpt manifest" in capsys.readouterr().err
+
+
+def test_inspect_through_the_console_says_why_and_where_a_rerun_resumes(tmp_path) -> None:
+    from tests.console import autockpt
+
+    session = CheckpointSession(Config(dirpath=str(tmp_path), every_n_steps=2, async_persist=False), framework="np",
+                                suffix=".safetensors")
+    arr = np.arange(10, dtype=np.float32)
+    session.start(0)
+    for step in (2, 4, 6):
+        session.save(step, 0, lambda pool: Snapshot(write=lambda f: write_tensor_file(f, {"a": arr}), nbytes=arr.nbytes),
+                     reason=f"interval reached at {step}")
+    session.finish()
+    newest = tmp_path / "ckpt-step000000006.safetensors"
+    newest.write_bytes(newest.read_bytes()[:-1] + b"\x00")  # the newest is torn: a rerun takes step 4
+    table = autockpt("inspect", str(tmp_path))
+    assert table.returncode == 1  # a checkpoint failed its checksum
+    assert " why " in table.stdout and "framework" in table.stdout and "interval" in table.stdout
+    assert "* a rerun resumes from step 4 (ckpt-step000000004.safetensors, np)" in table.stdout
+    assert "last run: finished (autockpt-status.json" in table.stdout
+    rows = json.loads(autockpt("inspect", str(tmp_path), "--json").stdout)
+    assert [r["resume"] for r in rows] == [False, True, False]
+    assert rows[0]["reason"] == "interval reached at 2" and rows[0]["exact"] is True

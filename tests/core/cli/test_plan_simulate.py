@@ -106,3 +106,18 @@ def test_simulate_compares_policies_and_writes_a_png(tmp_path, capsys) -> None:
     assert rows["every epoch"]["waste_pct"] > rows["autockpt (daly)"]["waste_pct"]
     code, out, _ = run([a for a in argv if a != "--json"], capsys)
     assert code == 0 and "CheckFreq budget" in out and "plot written" in out
+
+
+def test_plan_through_the_console_names_the_figures_each_rule_used_and_rounds_json() -> None:
+    from tests.console import autockpt
+
+    table = autockpt("plan", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--mtbf", "6h")
+    assert table.returncode == 0, table.stderr
+    assert "Young: sqrt(2 * 120ms * MTBF 6.0h)" in table.stdout
+    assert "overhead budget: 120ms per checkpoint" in table.stdout
+    raw = autockpt("plan", "--iter-time", "350ms", "--stall", "120ms", "--persist", "2s", "--json")
+    assert raw.returncode == 0, raw.stderr
+    assert "0.35000000000000003" not in raw.stdout and '"iter_time_s": 0.35,' in raw.stdout
+    data = json.loads(raw.stdout)
+    assert data["cost_per_checkpoint_s"] == 2.12  # stall + the whole persist until a slowdown is measured
+    assert data["policies"]["budget"]["what"].startswith("overhead budget: 2.1s per checkpoint")
