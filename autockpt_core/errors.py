@@ -25,6 +25,26 @@ class ConfigError(AutockptError, ValueError):
         super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
 
 
+class StorageError(AutockptError, OSError):
+    """Object storage could not be used, for a known cause (``autockpt_core.persist.storage_errors``).
+
+    ``location`` is the URL; ``cause`` is ``"credentials"``, ``"endpoint"``, ``"bucket"`` or
+    ``"permission"``; ``problem`` says what is wrong, ``detail`` is the original error's type and
+    message, ``fix`` what to change. The message is one line holding all of them.
+    """
+
+    def __init__(self, location: str, cause: str, problem: str, detail: str, fix: str) -> None:
+        self.location = location
+        self.cause = cause
+        self.problem = problem
+        self.detail = detail
+        self.fix = fix
+        super().__init__(f"{location}: {problem} ({detail}). Fix: {fix}")
+
+    def __reduce__(self) -> tuple[type[StorageError], tuple[str, str, str, str, str]]:
+        return type(self), (self.location, self.cause, self.problem, self.detail, self.fix)
+
+
 class CheckpointWriteError(AutockptError, RuntimeError):
     """Persisting a checkpoint failed (raised in the training thread).
 

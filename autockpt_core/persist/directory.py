@@ -3,10 +3,12 @@
 :func:`open_directory` is what ``CheckpointSession.open()`` does, in this order (training
 thread): the directory lock (:mod:`.lock`; local storage only), a probe file written and
 deleted through the storage (so an unwritable ``dirpath`` fails at train start, not at the
-first checkpoint), then, when resuming and only under the lock, the leftovers of
-interrupted writes (:mod:`.leftovers`). Any failure gives the lock back before it is raised.
-A mirror (``Config.mirror``) is probed the same way, after ``dirpath``, then taken: locked
-when it is a local directory, claimed when it is a URL (:mod:`.mirror_claim`).
+first checkpoint; on ``s3://`` after one quick request that names a wrong endpoint, a missing
+bucket, credentials or a policy, :mod:`.storage_errors`), then, when resuming and only under
+the lock, the leftovers of interrupted writes (:mod:`.leftovers`). Any failure gives the lock
+back before it is raised. A mirror (``Config.mirror``) is probed the same way, after
+``dirpath``, then taken: locked when it is a local directory, claimed when it is a URL
+(:mod:`.mirror_claim`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .lock import DirectoryLock, lock_directory
 from .manifest import read_manifest
 from .mirror_claim import MirrorClaim, take_mirror
 from .storage import TEMP_PREFIX, Storage, modified_time
+from .storage_errors import check_reachable, diagnose
 
 log = logging.getLogger("autockpt")
 
@@ -148,6 +151,7 @@ def probe(storage: Storage, field: str = "dirpath") -> float | None:
     the file's modification time by the storage's clock (None where it cannot tell)."""
     name = f"{TEMP_PREFIX}probe-{uuid.uuid4().hex[:12]}"  # a temporary's name: a crash here leaves no stray
     try:
+        check_reachable(storage, field)  # object storage: fails in one request, with its cause
         storage.write_atomic(name, lambda f: f.write(b"autockpt write probe\n"))
         written = modified_time(storage, name)
         storage.delete(name)
@@ -157,5 +161,10 @@ def probe(storage: Storage, field: str = "dirpath") -> float | None:
 
 
 def unwritable(storage: Storage, exc: BaseException, field: str = "dirpath") -> ConfigError:
-    fix = fix_for(exc, field)
-    return ConfigError(field, storage.location, f"cannot be written ({type(exc).__name__}: {exc})", fix)
+    """The ``ConfigError`` for a ``storage`` that cannot be written: an object store's cause
+    (:func:`~.storage_errors.diagnose`) in the words ``autockpt inspect`` uses, else the error
+    and the fix for its errno."""
+    found = diagnose(exc, storage.location, field)
+    if found is not None:
+        return ConfigError(field, storage.location, f"cannot be written: {found.problem} ({found.detail})", found.fix)
+    return ConfigError(field, storage.location, f"cannot be written ({type(exc).__name__}: {exc})", fix_for(exc, field))

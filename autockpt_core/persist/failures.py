@@ -11,6 +11,7 @@ import dataclasses
 import errno
 
 from ..errors import MirrorWriteError
+from .storage_errors import diagnose
 
 STAGES = ("write", "commit", "durable", "callback")
 """write: the checkpoint file; commit: the manifest listing it; durable: the manifest is
@@ -57,8 +58,12 @@ class PersistFailure:
 
 
 def fix_for(error: BaseException, field: str = "dirpath") -> str:
-    """What to do about a storage error, from its errno where it has one; ``field`` names the
-    setting that points there (``dirpath``, or ``mirror``)."""
+    """What to do about a storage error: an object store's cause (credentials, endpoint, bucket,
+    permission: :func:`~.storage_errors.diagnose`), else from its errno where it has one;
+    ``field`` names the setting that points there (``dirpath``, or ``mirror``)."""
+    found = diagnose(error, field=field)
+    if found is not None:
+        return found.fix
     code = getattr(error, "errno", None)
     if code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         return f"the disk or quota is full; free space there or point {field} to a larger filesystem"
