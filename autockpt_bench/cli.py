@@ -9,6 +9,8 @@ simulate) and the study's.
                           no checkpointing vs native checkpointing vs autockpt (tables, JSON, PNGs).
 ``autockpt goodput``      real processes SIGKILLed at seeded exponential times, rerun until done:
                           wall time per checkpointing method, beside the simulator's prediction.
+``autockpt export``       one checkpoint of a directory as a file that loads without autockpt:
+                          Lightning .ckpt, Keras .weights.h5 or .keras, or .safetensors.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Sequence
 
 from autockpt_core.cli import commands as core
 
-from . import bench, compare, demo, goodput
+from . import bench, compare, demo, export, goodput
 
 COMMANDS: dict[str, core.Command] = {
     **core.COMMANDS,
@@ -27,6 +29,7 @@ COMMANDS: dict[str, core.Command] = {
     "bench": (bench.add_arguments, bench.run, bench.HELP),
     "compare": (compare.add_arguments, compare.run, compare.HELP),
     "goodput": (goodput.add_arguments, goodput.run, goodput.HELP),
+    "export": (export.add_arguments, export.run, export.HELP),
 }
 
 

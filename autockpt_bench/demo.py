@@ -1,13 +1,17 @@
 """``autockpt demo``: the main job on built-in synthetic data, in both frameworks.
 
 Runs ``python -m autockpt_lightning.demo`` and ``python -m autockpt_keras.demo`` in fresh
-subprocesses (each framework in its own interpreter, Keras' backend chosen per run). Each prints what the policy measured and decided.
+subprocesses (each framework in its own interpreter, Keras' backend chosen per run). Each prints
+what the policy measured and decided. Ctrl-C reaches the running demo (the terminal signals the
+whole process group): it commits a checkpoint of its step and exits 130; this command waits for
+that instead of killing it, and starts no further demo.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
@@ -44,5 +48,19 @@ def run(args: argparse.Namespace) -> int:
         if own[1] is not None:
             cmd += [own[0], str(own[1])]
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-        status = subprocess.call(cmd, env=env) or status
+        code = _wait_through_ctrl_c(cmd, env)
+        if code == 128 + signal.SIGINT:
+            return code
+        status = code or status
     return status
+
+
+def _wait_through_ctrl_c(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` and wait for it; a SIGINT meanwhile is the child's to act on (its emergency
+    checkpoint), so here it does nothing. A Python handler, not ``SIG_IGN``: the child starts
+    with the default disposition (an ignored signal would stay ignored across ``exec``)."""
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        return subprocess.call(cmd, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -147,6 +147,12 @@ class Preempted(SystemExit):
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name
 
+    def describe(self, dirpath: str) -> str:
+        """One line for a program that catches this to end quietly (the demos): what the run
+        left in ``dirpath`` and how to go on."""
+        held = f"the checkpoint of step {self.step} is committed" if self.step is not None else "its newest checkpoint is"
+        return f"interrupted by {self.signal_name}: {held} in {dirpath}; rerun the same command to resume from it"
+
 
 @dataclasses.dataclass(frozen=True)
 class PreemptionRecord:

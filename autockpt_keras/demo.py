@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import keras
 import numpy as np
 
+from autockpt_core import Preempted
 from autockpt_core.units import format_size
 from autockpt_keras import AutoCheckpoint, latest_checkpoint, load_checkpoint
 
@@ -110,9 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     began = time.perf_counter()
-    model.fit(
-        x, y, batch_size=args.batch_size, epochs=epochs, verbose=0, callbacks=[auto, _Reporter(auto)]
-    )
+    try:
+        model.fit(x, y, batch_size=args.batch_size, epochs=epochs, verbose=0, callbacks=[auto, _Reporter(auto)])
+    except Preempted as stop:  # Ctrl-C: the checkpoint of the step is committed
+        print(stop.describe(args.dirpath), flush=True)
+        return int(stop.code)  # type: ignore[arg-type]  # 128 + the signal's number
     wall = time.perf_counter() - began
     session = auto.session
     assert session is not None and auto.summary is not None

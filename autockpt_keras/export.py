@@ -8,6 +8,10 @@ loads only the model's variables and writes a regular Keras ``.weights.h5`` file
 ``source`` is a checkpoint directory (its newest valid checkpoint is used) or the path of one
 ``.safetensors`` checkpoint file. Both functions run on the calling thread and must not run
 while ``fit()`` is training the same model.
+
+``autockpt export`` (:mod:`autockpt_bench.export`) reads a checkpoint it picked and verified
+itself, then uses :func:`load_into` (``.weights.h5``, ``.keras``) or :func:`model_arrays`
+(``.safetensors``, no model needed).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import numpy as np
+
 from .checkpoint_file import CheckpointInfo, load_checkpoint
-from .state import GROUPS, assign_state, collect_state, ensure_built
+from .state import GROUPS, REPLICA, assign_state, collect_state, ensure_built
 
 
 def restore(
@@ -36,11 +42,33 @@ def restore(
     ``storage_options``: fsspec options for a URL ``source`` (as the callback's).
     """
     arrays, info = load_checkpoint(source, storage_options)
+    load_into(model, arrays, info, include_optimizer=include_optimizer)
+    return info
+
+
+def load_into(
+    model: Any, arrays: Mapping[str, np.ndarray], info: CheckpointInfo, *, include_optimizer: bool = True
+) -> None:
+    """:func:`restore` for a checkpoint already read (``read_checkpoint_bytes``, ``read_record``)."""
     has_optimizer = getattr(model, "optimizer", None) is not None
     groups = GROUPS if include_optimizer and has_optimizer else ("model",)
     ensure_built(model)  # builds a compiled model's optimizer; raises with the fix if unbuilt
     assign_state(collect_state(model, groups), arrays, order=info.keys, groups=groups)
-    return info
+
+
+def model_arrays(arrays: Mapping[str, np.ndarray], info: CheckpointInfo) -> dict[str, np.ndarray]:
+    """The checkpoint's ``model`` group, keyed by each variable's Keras path (``variable.path``,
+    e.g. ``"sequential/dense/kernel"``: the key without ``model/``), in the checkpoint's order.
+
+    Trainable and non-trainable variables (BatchNorm statistics, random layers' seed states);
+    the per-device copies a ``tf.distribute`` run also stores (``@replica<i>``) are left out.
+    """
+    prefix = "model/"
+    return {
+        key[len(prefix):]: arrays[key]
+        for key in info.keys
+        if key.startswith(prefix) and REPLICA not in key and key in arrays
+    }
 
 
 def export_weights(source: str | os.PathLike[str], filepath: str | os.PathLike[str] | None, model: Any) -> str | None:

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from autockpt_core import Preempted
 from autockpt_core.units import format_size
 from autockpt_lightning import AutoCheckpoint
 
@@ -101,7 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
         loader = synthetic_loader(samples=args.batch_size * 64, batch_size=args.batch_size, seed=args.seed)
-        trainer.fit(model, train_dataloaders=loader)
+        try:
+            trainer.fit(model, train_dataloaders=loader)
+        except Preempted as stop:
+            print(stop.describe(args.dirpath), flush=True)
+            return int(stop.code)  # type: ignore[arg-type]  # 128 + the signal's number
     report(auto, args.steps)
     return 0
 
