@@ -4,6 +4,8 @@ numbers reported from it (the framework's logger, the events, the end-of-run sum
 ``CheckpointSession`` writes to it on the training thread (``started`` at ``start()``,
 ``step`` after every optimizer step, ``hooks`` for its hook's own time, ``stalled`` for every
 blocked interval, ``taken`` per checkpoint) and reads it in ``metrics()`` and ``summary()``.
+``others`` times the framework's own checkpoint saves beside autockpt's (the adapters watch
+their methods, :mod:`.other_checkpoints`); ``summary()`` reports them and puts the methods back.
 The overhead it reports is the measured one (:mod:`.policy.overhead_meter`): the wall time
 of the steps with checkpoint work against clean steps, with its noise; never the blocked time
 alone.
@@ -12,6 +14,7 @@ alone.
 from __future__ import annotations
 
 from .config import Config
+from .other_checkpoints import OtherCheckpoints
 from .persist import BufferPool
 from .policy import Estimates
 from .policy.decision import IntervalChoice as Interval
@@ -30,6 +33,7 @@ class RunLedger:
         self.newest_step: int | None = None
         self.newest_name: str | None = None
         self.copy_mode: str | None = None
+        self.others = OtherCheckpoints()
 
     def started(self, now: float) -> None:
         self.start_time = now
@@ -104,6 +108,7 @@ class RunLedger:
         clock_note: str | None = None,
     ) -> RunSummary:
         overhead = self.overhead()
+        self.others.release()  # the fit is over: the framework's methods are its own again
         return RunSummary(
             framework=framework,
             checkpoints=self.checkpoints,
@@ -129,4 +134,7 @@ class RunLedger:
             mirrored=mirrored,
             clock_note=clock_note,
             mtbf_s=config.mtbf,
+            other_saves=self.others.saves,
+            other_save_s=self.others.save_s,
+            other_what=self.others.what,
         )

@@ -22,6 +22,9 @@ class RunSummary:
     ``clock_note``: where the costs could only be read on the host's clock while an accelerator
     runs the steps (TensorFlow, JAX on a GPU), that, at the end of the line. ``mtbf_s``: the
     configured MTBF (None: the interval is the densest the budget allows, and the line says so).
+    ``other_saves``/``other_save_s``: the framework's own checkpoint saves in the run beside
+    autockpt's (``other_what`` names who made them, e.g. Lightning's ModelCheckpoint) and the
+    training time they blocked.
     """
 
     framework: str
@@ -48,6 +51,9 @@ class RunSummary:
     hook_us: float | None = None
     clock_note: str | None = None
     mtbf_s: float | None = None
+    other_saves: int = 0
+    other_save_s: float = 0.0
+    other_what: str = ""
 
     def line(self) -> str:
         if self.checkpoints == 0:
@@ -72,6 +78,7 @@ class RunSummary:
             f"autockpt: {self.checkpoints} checkpoints, mean stall {stall}{copy} for {size}, "
             f"persist {persist}, overhead {overhead}{left_out}{self._hooks_text()}, "
             f"interval {interval}{buffers}, newest step {self.newest_step} -> {self.newest_path}{mirrored}"
+            + self._others_text()
             + (f"; {self.clock_note}" if self.clock_note else "")
         )
 
@@ -90,6 +97,13 @@ class RunSummary:
         if self.mtbf_s is not None or rule not in ("budget", "persist"):
             return ""
         return ", the densest the budget allows without an mtbf; min_interval or mtbf for fewer"
+
+    def _others_text(self) -> str:
+        if not self.other_saves:
+            return ""
+        plural = "s" if self.other_saves > 1 else ""
+        return (f"; beside it, {self.other_what or 'the framework'} saved {self.other_saves} time{plural} "
+                f"in {format_duration(self.other_save_s)}")
 
     def _hooks_text(self) -> str:
         if self.hooks is None or self.hook_us is None:

@@ -203,7 +203,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, keras.callbacks.Callback):
         )
         if record is not None:
             self._restore(record, reads.take(record) if reads is not None else None)
-        self._guard.start(self.model, driver.abandon if self.session is not None else None)
+        self._guard.start(self.model, driver, self.session)
         self._validation.start(self._guard.preemption, driver)
         driver.begin(self._steps.read_at(self.restored.step if self.restored is not None else None))
 

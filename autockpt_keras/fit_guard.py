@@ -7,9 +7,13 @@ frame is gone, and a :class:`~autockpt_keras.fit_watch.FitWatch`, which releases
 then.
 
 Call order (training thread): ``FitGuard(config)`` in ``on_train_begin`` (its ``preemption``
-goes to the driver), ``start(model, on_gone)`` once the checkpoint is restored,
+goes to the driver), ``start(model, driver, session)`` once the checkpoint is restored,
 ``stop_watch()`` when ``fit()`` ends through ``on_train_end``, ``stop_signals()`` when it ends
-either way. The handler's check runs in the signal handler (main thread).
+either way. The handler's check runs in the signal handler (main thread). ``start`` also has
+the session time Keras' own saves of the model in this fit (``ModelCheckpoint``,
+``BackupAndRestore``: ``model.save``/``save_weights``, in the summary) and warn when a
+``model.load_weights`` replaces the resumed weights (:mod:`autockpt_core.other_checkpoints`;
+the summary at the fit's end puts the methods back).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import threading
 from types import FrameType
 from typing import Any, Callable, TypeVar, cast
 
-from autockpt_core import Config
+from autockpt_core import CheckpointSession, Config
+from autockpt_core.fit_driver import FitDriver
 from autockpt_core.preemption_sources import preemption_for
 
 from .fit_frame import find_fit_frame, is_on_stack
@@ -57,13 +62,17 @@ class FitGuard:
         self._watch: FitWatch | None = None
         self.preemption = preemption_for(config, alive=self._running) if config is not None else None
 
-    def start(self, model: Any, on_gone: Callable[[], None] | None) -> None:
-        """Find ``fit()``'s frame, watch it (``on_gone``: called once it is gone without
-        ``on_train_end``; None: no watch) and install the handlers."""
+    def start(self, model: Any, driver: FitDriver, session: CheckpointSession | None) -> None:
+        """Find ``fit()``'s frame, watch it (process 0, which has the ``session``:
+        ``driver.abandon`` once it is gone without ``on_train_end``), watch Keras' own saves and
+        loads of ``model`` (see the module docstring), and install the handlers."""
         self._frame = find_fit_frame(model)
-        if self._frame is not None and on_gone is not None:
-            self._watch = FitWatch(self._frame, threading.get_ident(), on_gone)
+        if self._frame is not None and session is not None:
+            self._watch = FitWatch(self._frame, threading.get_ident(), driver.abandon)
             self._watch.start()
+        if session is not None:
+            session.ledger.others.watch(model, saves=("save", "save_weights"), loads=("load_weights",),
+                                        what="Keras' own checkpointing", resumed=lambda: driver.resumed_from)
         if self.preemption is not None:
             self.preemption.install()
 

@@ -63,7 +63,7 @@ from autockpt_torch.cuda_api import queue_busy_probe
 from autockpt_torch.process_write import WRITE_RECORDS, portable_tree_write
 from autockpt_torch.staging import optimizer_owned
 
-from . import internals
+from . import internals, native_checkpointing
 from . import resume as _resume
 from .auto_resume import CONTINUES_EXACTLY, EPOCHS_DONE, NOT_EXACT, apply_exact_state, load_newest
 from .buffer_warmup import BufferWarmup
@@ -100,8 +100,8 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
 
     Checkpoints are standard Lightning ``.ckpt`` files (``trainer.fit(ckpt_path=...)`` and
     ``LightningModule.load_from_checkpoint`` accept them) named ``ckpt-step<N>.ckpt`` in
-    ``dirpath``, listed with checksums in ``autockpt-manifest.json``. The default
-    ``ModelCheckpoint`` can stay enabled: the two never touch each other's files.
+    ``dirpath``, listed with checksums in ``autockpt-manifest.json``. A ``ModelCheckpoint`` may stay
+    (its saves' time is in the summary; the default one is warned about: native_checkpointing.py).
 
     ``save_on_train_end`` (default True): when ``fit()`` ends normally, checkpoint the trained
     model, so ``latest_checkpoint(dirpath)`` is the final weights and rerunning the finished
@@ -157,6 +157,7 @@ class AutoCheckpoint(CallbackSettings, FitRecords, Callback):
         self._trainer = trainer
         self._sharded = ShardedSave() if is_sharded(trainer) else None  # a collective: every rank
         self._session = self._new_session() if trainer.is_global_zero else None
+        native_checkpointing.watch_native_checkpointing(trainer, self._session)  # ModelCheckpoint's saves
         self._warmup, self._trust = BufferWarmup(), FirstCheckpointCheck(self.config.allow_pickle)
         if self._session is not None and previous is not None and trainer.global_step > 0:
             # A second fit() continues the trainer in memory: the same run, for retention.
