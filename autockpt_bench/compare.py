@@ -5,8 +5,14 @@ with no checkpointing, autockpt at a fixed interval and under overhead budgets, 
 framework's own checkpointing at the same interval. Every run is a fresh worker process
 (:mod:`.study.protocol`); after each run with checkpoints a second process resumes from its
 newest checkpoint and trains to the end, which gives the restore time and whether the resumed
-run is exact. Repetitions alternate the order of the methods. Writes ``DIR/results.json``,
-``DIR/results.md`` and three PNGs, and prints the table.
+run is exact. Repetitions alternate the order of the methods.
+
+Each run is recorded in ``DIR/runs.jsonl`` as it finishes (:mod:`.study.run_log`); a rerun with
+the same ``--out`` reuses the runs recorded with the same settings, measures the rest (failed
+runs again) and goes on where an interrupted one stopped; ``--fresh`` starts over. At the end
+``DIR/results.json``, ``DIR/results.md`` and three PNGs are written from all of this command's
+runs, and the table printed. ``--quick`` (:data:`DEFAULTS`) is the small workload, every method,
+one repetition: about 2 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from autockpt_core.cli.args import budget, duration
 from .bench import machine_info
 from .study import plots, report
 from .study.in_process_ab import ab_block
-from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json
+from .study.protocol import KERAS_METHODS, LIGHTNING_METHODS, NATIVE_SYNC, WORKERS, write_json, write_text
+from .study.run_log import FILE as RUN_LOG
+from .study.run_log import RunLog, failed
 from .study.run_progress import RunProgress
 from .study.runner import compile_packages, run_case
 from .study.workloads import Workload, preset
@@ -38,26 +46,44 @@ HELP = "measure checkpointing cost in Lightning and Keras on small/medium/large 
 FRAMEWORK_METHODS = {"lightning": LIGHTNING_METHODS, "keras": KERAS_METHODS}
 FRAMEWORK_PACKAGES = ("torch", "lightning", "keras", "tensorflow", "orbax-checkpoint", "jax")
 
+#: flag -> (the full study's default, ``--quick``'s default); the help quotes both. Quick is the
+#: scaled-down small workload only, one repetition, no in-process A/B (a budget run of 6 s chooses
+#: an interval of hundreds of steps, which two cycles cannot tell from noise).
+DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "workloads": ("small,medium,large", "small"), "every": (10, 5), "checkpoints": (4, 3), "warmup": (5, 3),
+    "budgets": ("1%,2%,5%", "2%"), "budget_window": ("60s", "6s"), "ab_cycles": (4, 0), "repeats": (2, 1),
+}
+QUICK_HELP = ("the small workload (scaled down), every method, few steps, one repetition, no in-process A/B, "
+              "restore runs for autockpt and the synchronous ModelCheckpoint only (about 2 minutes on a 2-core machine)")
+
+
+def _defaults(flag: str) -> str:
+    full, quick = DEFAULTS[flag]
+    return f"default {full}; quick {quick}".replace("%", "%%")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="scaled-down workloads, few steps, one repetition, restore runs for autockpt and the "
-                             "synchronous ModelCheckpoint only (a few minutes)")
-    parser.add_argument("--out", default="autockpt-compare", help="directory for results.json, results.md and the PNGs (default autockpt-compare)")
+    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    parser.add_argument("--out", default="autockpt-compare",
+                        help=f"directory for results.json, results.md, the PNGs and {RUN_LOG}, the runs recorded as they "
+                             "finish: the same command again reuses them and measures the rest (default autockpt-compare)")
+    parser.add_argument("--fresh", action="store_true",
+                        help=f"measure every run again: move --out's {RUN_LOG} to runs.old.jsonl and start a new one")
     parser.add_argument("--frameworks", default="lightning,keras", help="lightning, keras or both (default)")
-    parser.add_argument("--workloads", default="small,medium,large", help="which workloads (default all three)")
+    parser.add_argument("--workloads", default=None, help=f"which of small, medium, large ({_defaults('workloads')})")
     parser.add_argument("--methods", default="", help="only these methods (names as in results.json; default all)")
-    parser.add_argument("--every", type=int, default=None, help="checkpoint interval k in steps (default 10; quick 5)")
-    parser.add_argument("--checkpoints", type=int, default=None, help="checkpoints per run at interval k (default 4; quick 3)")
-    parser.add_argument("--warmup", type=int, default=None, help="steps excluded from step times (default 5; quick 3)")
-    parser.add_argument("--budgets", default=None, help="overhead budgets of the budget runs (default 1%%,2%%,5%%; quick 2%%)")
+    parser.add_argument("--every", type=int, default=None, help=f"checkpoint interval k in steps ({_defaults('every')})")
+    parser.add_argument("--checkpoints", type=int, default=None,
+                        help=f"checkpoints per run at interval k ({_defaults('checkpoints')})")
+    parser.add_argument("--warmup", type=int, default=None, help=f"steps excluded from step times ({_defaults('warmup')})")
+    parser.add_argument("--budgets", default=None, help=f"overhead budgets of the budget runs ({_defaults('budgets')})")
     parser.add_argument("--budget-window", default=None,
                         help="training time of each budget run, so it can hold the interval autockpt chooses "
-                             "(default 60s; quick 6s; never fewer steps than the fixed-interval runs)")
+                             f"({_defaults('budget_window')}; never fewer steps than the fixed-interval runs)")
     parser.add_argument("--ab-cycles", type=int, default=None,
                         help="after each budget run, an in-process A/B of its final interval in this many cycles of "
-                             "on and off blocks (default 4; quick 2; 0 = none)")
-    parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 2; quick 1)")
+                             f"on and off blocks ({_defaults('ab_cycles')}; 0 = none)")
+    parser.add_argument("--repeats", type=int, default=None, help=f"repetitions ({_defaults('repeats')})")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of every run (default 1; 0 = framework default)")
     parser.add_argument("--no-restore", action="store_true", help="skip the restore runs")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
@@ -73,18 +99,23 @@ def _budgets(text: str) -> list[float]:
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     quick = bool(args.quick)
+
+    def pick(flag: str) -> Any:  # the flag's value, else its default (full or quick)
+        value = getattr(args, flag)
+        return value if value is not None else DEFAULTS[flag][quick]
+
     s = {
         "quick": quick,
-        "every": args.every if args.every is not None else (5 if quick else 10),
-        "checkpoints": args.checkpoints if args.checkpoints is not None else (3 if quick else 4),
-        "warmup": args.warmup if args.warmup is not None else (3 if quick else 5),
-        "budgets": _budgets(args.budgets if args.budgets is not None else ("2%" if quick else "1%,2%,5%")),
-        "repeats": args.repeats if args.repeats is not None else (1 if quick else 2),
+        "every": pick("every"),
+        "checkpoints": pick("checkpoints"),
+        "warmup": pick("warmup"),
+        "budgets": _budgets(pick("budgets")),
+        "repeats": pick("repeats"),
         "threads": args.threads,
         "keras_backend": args.keras_backend,
         "restore": not args.no_restore,
-        "budget_window_s": duration("--budget-window", args.budget_window or ("6s" if quick else "60s")),
-        "ab_cycles": args.ab_cycles if args.ab_cycles is not None else (2 if quick else 4),
+        "budget_window_s": duration("--budget-window", pick("budget_window")),
+        "ab_cycles": pick("ab_cycles"),
     }
     if s["every"] < 2 or s["checkpoints"] < 1 or s["warmup"] < 1 or s["repeats"] < 1:
         raise ValueError("--every must be >= 2; --checkpoints, --warmup and --repeats >= 1")
@@ -129,7 +160,8 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
     settings = settings_from_args(args)
     frameworks = _list(args.frameworks, tuple(WORKERS), "--frameworks")
     all_workloads = preset(settings["quick"])
-    workloads = {name: all_workloads[name] for name in _list(args.workloads, tuple(all_workloads), "--workloads")}
+    names = _list(args.workloads or DEFAULTS["workloads"][settings["quick"]], tuple(all_workloads), "--workloads")
+    workloads = {name: all_workloads[name] for name in names}
     only = {x.strip() for x in args.methods.split(",") if x.strip()}
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -139,27 +171,42 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
     started = time.perf_counter()
     plan = [(rep, f, w, m) for rep in range(settings["repeats"]) for f in frameworks for w in workloads
             for m in _ordered(plan_methods(f, settings, only), rep)]
+    versions = _versions()
     runs: list[dict[str, Any]] = []
     step_s: dict[tuple[str, str], float] = {}  # (framework, workload) -> step time without checkpoints, first repetition
-    with RunProgress(console, len(plan), "compare") as progress:
-        for rep, framework, name, method in plan:
-            key = report.method_key(method)
-            progress.start(f"rep {rep + 1} {framework} {name} {key}")
-            steps = settings["steps"]
-            if (method["name"] == "autockpt-budget" or method.get("long")) and (framework, name) in step_s:
-                steps = max(steps, settings["warmup"] + round(settings["budget_window_s"] / step_s[(framework, name)]))
-            if method["name"] == "autockpt-ab":
-                method, steps = _ab_method(method, runs, rep, framework, name, settings)
-            run_ = _measure(framework, workloads[name], method, rep, steps, settings, scratch, args.timeout, workers)
-            if method == {"name": "none"} and run_["train"].get("step_s") and (framework, name) not in step_s:
-                step_s[(framework, name)] = run_["train"]["step_s"]
-            runs.append(run_)
-            progress.done()
+    with RunLog(os.path.join(out, RUN_LOG), fresh=args.fresh) as log, RunProgress(console, len(plan), "compare") as progress:
+        try:
+            for rep, framework, name, method in plan:
+                steps = settings["steps"]
+                if (method["name"] == "autockpt-budget" or method.get("long")) and (framework, name) in step_s:
+                    steps = max(steps, settings["warmup"] + round(settings["budget_window_s"] / step_s[(framework, name)]))
+                if method["name"] == "autockpt-ab":
+                    method, steps = _ab_method(method, runs, rep, framework, name, settings)
+                # after the steps and the A/B's interval, which come from earlier runs: a run measured again
+                # (it had failed) changes what depends on it, and that is measured again too
+                identity = _identity(framework, workloads[name], method, rep, steps, settings, workers, versions)
+                run_ = log.reuse(identity)
+                if run_ is None:
+                    progress.start(f"rep {rep + 1} {framework} {name} {report.method_key(method)}")
+                    run_started = time.perf_counter()
+                    run_ = _measure(framework, workloads[name], method, rep, steps, settings, scratch, args.timeout, workers)
+                    run_["wall_s"] = time.perf_counter() - run_started
+                    log.append(identity, run_)
+                    progress.done()
+                else:
+                    progress.skip()
+                if method == {"name": "none"} and run_["train"].get("step_s") and (framework, name) not in step_s:
+                    step_s[(framework, name)] = run_["train"]["step_s"]
+                runs.append(run_)
+        except KeyboardInterrupt:
+            console.print(f"interrupted: {log.appended} run(s) of this command recorded in {log.path}; "
+                          "the same command again reuses them and measures the rest")
+            return 130
     results: dict[str, Any] = {
         "machine": machine_info(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": "autockpt compare " + " ".join(_argv(args)),
-        "versions": _versions(),
+        "versions": versions,
         "settings": settings,
         "frameworks": frameworks,
         "workloads": {n: {"description": w.describe(), "params": w.params, "state_bytes": w.state_bytes, **w.to_json()}
@@ -168,9 +215,11 @@ def run(args: argparse.Namespace, workers: dict[str, str] | None = None) -> int:
     }
     results["rows"] = report.summarize(runs)
     results["targets"] = report.targets(results["rows"])
-    results["wall_s"] = time.perf_counter() - started
+    results["wall_s"] = time.perf_counter() - started  # this invocation's
+    results["run_s"] = sum(r.get("wall_s", 0.0) for r in runs)  # the processes of all runs, reused ones too
+    results["reused_runs"] = len(runs) - log.appended
     results["plots"] = [] if args.no_plots else _plots(results, out)
-    if not any("error" in r["train"] or "error" in (r["restore"] or {}) for r in runs):
+    if not any(failed(r) for r in runs):
         shutil.rmtree(scratch, ignore_errors=True)  # logs of failed runs stay for reading
     _write(results, out, console)
     return 0
@@ -194,11 +243,11 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _write(results: dict[str, Any], out: str, console: Console) -> None:
     write_json(os.path.join(out, "results.json"), results)
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(report.markdown(results))
+    write_text(os.path.join(out, "results.md"), report.markdown(results))
     _print(results, console)
+    reused = f"; {results['reused_runs']} run(s) reused from {RUN_LOG}" if results.get("reused_runs") else ""
     console.print(f"wrote {out}/results.json, results.md" + "".join(f", {p}" for p in results["plots"])
-                  + f"; wall time {results['wall_s']:.0f} s")
+                  + f"; wall time {results['wall_s']:.0f} s{reused}")
 
 
 def _ordered(methods: list[dict[str, Any]], rep: int) -> list[dict[str, Any]]:
@@ -232,6 +281,27 @@ def _ab_method(method: dict[str, Any], runs: list[dict[str, Any]], rep: int, fra
     return {**method, "every": every, "block": block}, settings["warmup"] + 2 * settings["ab_cycles"] * block
 
 
+def _restores(framework: str, method: dict[str, Any], settings: dict[str, Any]) -> bool:
+    """Whether a run of ``method`` is followed by a restore run (if it took a checkpoint).
+
+    --quick restores only autockpt and the framework's synchronous ModelCheckpoint (the comparison
+    that matters most), to stay within its minutes; the full study restores every method.
+    """
+    quick_ok = not settings["quick"] or method["name"] in ("autockpt", NATIVE_SYNC[framework])
+    return settings["restore"] and quick_ok and method["name"] not in ("none", "autockpt-ab")
+
+
+def _identity(framework: str, workload: Workload, method: dict[str, Any], rep: int, steps: int,
+              settings: dict[str, Any], workers: dict[str, str] | None, versions: dict[str, str]) -> dict[str, Any]:
+    """What defines a run in ``runs.jsonl`` (:mod:`.study.run_log`): a recorded run is reused only
+    by a run with all of these equal (``every``, ``checkpoints``, the budget window and the A/B
+    cycles are in ``method`` and ``steps``)."""
+    return {"framework": framework, "worker": (workers or WORKERS)[framework], "workload": workload.to_json(),
+            "method": method, "rep": rep, "steps": steps, "warmup": settings["warmup"], "threads": settings["threads"],
+            "keras_backend": settings["keras_backend"], "restore": _restores(framework, method, settings),
+            "versions": versions}
+
+
 def _measure(framework: str, workload: Workload, method: dict[str, Any], rep: int, steps: int, settings: dict[str, Any],
              scratch: str, timeout: float, workers: dict[str, str] | None) -> dict[str, Any]:
     key = report.method_key(method)
@@ -248,10 +318,7 @@ def _measure(framework: str, workload: Workload, method: dict[str, Any], rep: in
     else:
         train = run_case(framework, "train", workload, method, workdir, "train", **kw, **common)
     restore = None
-    # --quick restores only autockpt and the framework's synchronous ModelCheckpoint (the comparison that
-    # matters most), to stay within a few minutes; the full study restores every method
-    restores = not settings["quick"] or method["name"] in ("autockpt", NATIVE_SYNC[framework])
-    if settings["restore"] and restores and method["name"] not in ("none", "autockpt-ab") and "error" not in train and "skipped" not in train \
+    if _restores(framework, method, settings) and "error" not in train and "skipped" not in train \
             and train.get("checkpoint_steps"):
         restore = run_case(framework, "restore", workload, method, workdir, "restore", **kw, **common)
     for name in os.listdir(workdir) if os.path.isdir(workdir) else []:  # checkpoints are big; logs stay
@@ -268,8 +335,10 @@ def _plots(results: dict[str, Any], out: str) -> list[str]:
     names = {"slowdown_vs_interval.png": lambda p: plots.slowdown_vs_interval(rows, results["frameworks"], p),
              "blocked_vs_size.png": lambda p: plots.blocked_vs_size(rows, p),
              "size_per_format.png": lambda p: plots.size_per_format(rows, p)}
-    for name, draw in names.items():
-        draw(os.path.join(out, name))
+    for name, draw in names.items():  # drawn beside, then renamed over the old one
+        tmp = os.path.join(out, f".{name}")
+        draw(tmp)
+        os.replace(tmp, os.path.join(out, name))
     return list(names)
 
 
@@ -302,7 +371,7 @@ def _versions() -> dict[str, str]:
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
-    out = ["--quick"] if args.quick else []
+    out = ["--quick"] if args.quick else []  # --fresh changes no figure: left out
     for name in ("frameworks", "workloads", "methods", "every", "checkpoints", "warmup", "budgets", "budget_window",
                  "ab_cycles", "repeats", "threads"):
         value = getattr(args, name)

@@ -99,12 +99,17 @@ KERAS_METHODS = ("none", "autockpt", "modelcheckpoint-h5", "modelcheckpoint-kera
 NATIVE_SYNC = {"lightning": "modelcheckpoint", "keras": "modelcheckpoint-h5"}
 
 
-def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` as JSON atomically (temp file + rename)."""
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` atomically (temp file + rename): a reader sees the old file or the new one."""
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` as JSON atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=1))
 
 
 def write_spec(path: str | os.PathLike[str], workload: Workload, method: dict[str, Any], **fields: Any) -> None:

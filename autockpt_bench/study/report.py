@@ -305,6 +305,12 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
+def _reused(src: dict[str, Any]) -> str:
+    """How many runs an invocation took from its ``runs.jsonl`` instead of measuring them."""
+    n = src.get("reused_runs")
+    return f", {n} run(s) reused from an earlier invocation, {src.get('run_s', 0):.0f} s of runs in all" if n else ""
+
+
 def markdown(results: dict[str, Any]) -> str:
     """``results.md``: machine, command, workloads, the per-method table per framework, targets, plots."""
     m = results["machine"]
@@ -318,7 +324,7 @@ def markdown(results: dict[str, Any]) -> str:
     for src in results.get("sources") or [results]:
         s = src["settings"]
         lines += [
-            f"- `{src['command']}` ({src['date']}, wall time {src.get('wall_s', 0):.0f} s): every method checkpoints "
+            f"- `{src['command']}` ({src['date']}, wall time {src.get('wall_s', 0):.0f} s{_reused(src)}): every method checkpoints "
             f"every {s['every']} steps except the budget runs (interval chosen by autockpt, "
             f"{s.get('budget_window_s', 0):g} s of training each); {s['steps']} steps per run, the first {s['warmup']} "
             f"excluded from step times; {s['threads']} intra-op thread(s); {s['repeats']} repetition(s), medians shown, "

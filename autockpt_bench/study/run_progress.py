@@ -6,7 +6,8 @@ nothing, so each run then prints one line as it starts: ``run 3/21: keras fixed 
 (elapsed 1m02s, about 6m40s left)``, the estimate from the mean time of the runs done so far.
 
 Call order (the command's thread): ``with RunProgress(console, total, title) as progress:``,
-then per run ``progress.start(description)`` and ``progress.done()``.
+then per run ``progress.start(description)`` and ``progress.done()``, or ``progress.skip()`` for
+a run not to be run after all (``autockpt compare`` found it done by an earlier invocation).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ class RunProgress:
             self._bar.update(self._task, description=description)
         else:
             self.console.print(self.line(description), highlight=False, soft_wrap=True)
+
+    def skip(self) -> None:
+        """One of the ``total`` runs is not run: the count and the estimate leave it out."""
+        self.total -= 1
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, total=self.total)
 
     def done(self) -> None:
         self.finished += 1

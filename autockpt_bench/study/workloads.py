@@ -135,7 +135,8 @@ FULL = {
                       batch=2, steps_per_epoch=50, lr=3e-4),
 }
 
-#: A few minutes in all on a 2-core CPU: the same three kinds, scaled down.
+#: ``--quick``'s workloads: the same three kinds, scaled down (``autockpt compare --quick`` runs the
+#: small one unless ``--workloads`` names others: about 2 minutes on a 2-core CPU).
 QUICK = {
     "small": Workload("small", "mlp", {"features": 64, "width": 256, "layers": 2, "classes": 10}, batch=32, steps_per_epoch=60),
     "medium": Workload("medium", "cnn", {"image": 8, "channels": (16, 32, 64, 128), "blocks": (1, 1, 1, 1), "classes": 10},

@@ -51,7 +51,7 @@ def _args(*argv: str):  # type: ignore[no-untyped-def]
 
 def test_settings_and_methods() -> None:
     s = cli_compare.settings_from_args(_args("--quick"))
-    assert (s["every"], s["checkpoints"], s["warmup"], s["repeats"], s["budgets"]) == (5, 3, 3, 1, [0.02])
+    assert (s["every"], s["checkpoints"], s["warmup"], s["repeats"], s["budgets"], s["ab_cycles"]) == (5, 3, 3, 1, [0.02], 0)
     assert s["steps"] == 3 * 5 + 2 and s["steps"] % s["every"]  # checkpoints at 5, 10, 15; the last steps are restored
     full = cli_compare.settings_from_args(_args())
     assert full["budgets"] == [0.01, 0.02, 0.05]
@@ -74,6 +74,29 @@ def test_settings_and_methods() -> None:
     with pytest.raises(ValueError, match="--budgets"):
         cli_compare.settings_from_args(_args("--budgets", "150%"))
     assert cli.main(["compare", "--frameworks", "pytorch"]) == 2
+
+
+def test_quick_runs_what_its_help_says(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small workload only, every method, one repetition, no A/B, two restore runs per framework:
+    15 runs and 4 restore runs, about 2 minutes on the project's 2-core machine."""
+    monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no words broken at hyphens
+    assert cli.main(["compare", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--quick the small workload (scaled down), every method, few steps, one repetition, no in-process A/B, " \
+        "restore runs for autockpt and the synchronous ModelCheckpoint only (about 2 minutes on a 2-core machine)" in help_text
+    assert "(default small,medium,large; quick small)" in help_text and "(default 4; quick 0; 0 = none)" in help_text
+    quick = cli_compare.settings_from_args(_args("--quick"))
+    methods = {f: cli_compare.plan_methods(f, quick, set()) for f in ("lightning", "keras")}
+    assert [report.method_key(m) for m in methods["lightning"]] == [
+        "none", "none-long", "autockpt", "autockpt-budget-2%", "modelcheckpoint", "async"]
+    assert len(methods["keras"]) == 9
+    restored = {f: [m["name"] for m in ms if cli_compare._restores(f, m, quick)] for f, ms in methods.items()}
+    assert restored == {"lightning": ["autockpt", "modelcheckpoint"], "keras": ["autockpt", "modelcheckpoint-h5"]}
+    assert cli_compare.DEFAULTS["workloads"][True] == "small" and quick["repeats"] == 1
+    full = cli_compare.settings_from_args(_args())
+    assert full["ab_cycles"] == 4 and all(cli_compare._restores("keras", m, full)
+                                          for m in cli_compare.plan_methods("keras", full, set())
+                                          if m["name"] not in ("none", "autockpt-ab"))
 
 
 def _train(step_s: float, blocked: list[float], rss: int = 100, steps: list[int] | None = None) -> dict:
@@ -223,7 +246,7 @@ def test_compare_runs_each_budgets_ab_at_the_interval_that_budget_run_chose(tmp_
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     out = tmp_path / "cmp"
     args = _args("--quick", "--frameworks", "keras", "--workloads", "small", "--methods", "autockpt-budget-2%",
-                 "--no-plots", "--out", str(out))
+                 "--ab-cycles", "2", "--no-plots", "--out", str(out))
     assert cli_compare.run(args, workers=FAKE) == 0
     results = json.loads((out / "results.json").read_text())
     assert [report.method_key(r["method"]) for r in results["runs"]] == ["none", "none-long", "autockpt-budget-2%",

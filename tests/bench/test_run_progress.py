@@ -35,3 +35,17 @@ def test_on_a_terminal_a_bar_and_no_lines() -> None:
         progress.start("rep 1 lightning small autockpt")
         progress.done()
     assert "run 1/2" not in out.getvalue() and progress.finished == 1
+
+
+def test_a_run_skipped_leaves_the_count_and_the_estimate() -> None:
+    out, now = io.StringIO(), [0.0]
+    console = Console(file=out, force_terminal=False, width=200)
+    with RunProgress(console, 3, "compare", clock=lambda: now[0]) as progress:
+        progress.skip()  # done by an earlier invocation
+        progress.start("keras small none")
+        now[0] += 10.0
+        progress.done()
+        progress.start("keras small autockpt")
+        progress.done()
+    assert out.getvalue().splitlines() == ["run 1/2: keras small none (elapsed 0s)",
+                                           "run 2/2: keras small autockpt (elapsed 10s, about 10s left)"]
