@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from autockpt_core.cli.inspect import storage_options_arg  # --storage-options, as inspect's
+from autockpt_core.cli.inspect import checkpoint_storage, storage_options_arg  # as inspect's
 from autockpt_core.persist import (
     MANIFEST_NAME,
     CheckpointRecord,
@@ -42,7 +42,6 @@ from autockpt_core.persist import (
     find_latest_valid,
     location_of,
     read_manifest,
-    storage_for,
 )
 from autockpt_core.persist.storage import fsync_directory
 from autockpt_core.persist.tensorfile import write_tensor_file
@@ -105,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     ending = _ending(args.out)
     _check_out(args.out, args.force)
-    storage = _storage(args.dirpath, args.storage_options)
+    storage = checkpoint_storage(args.dirpath, args.storage_options)
     records = read_manifest(storage)
     framework = _framework(records, ending, args.framework, storage.location)
     _check_flags(framework, ending, args)
@@ -139,15 +138,6 @@ def _check_out(out: str, force: bool) -> None:
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ValueError(f"the directory of {out} ({parent}) does not exist")
-
-
-def _storage(dirpath: str, storage_options: dict[str, Any] | None) -> Storage:
-    if "://" not in dirpath and not os.path.isdir(dirpath):
-        raise ValueError(f"{dirpath} {'is not a directory' if os.path.exists(dirpath) else 'does not exist'}")
-    storage = storage_for(dirpath, storage_options)
-    if not storage.exists(MANIFEST_NAME):
-        raise ValueError(f"no autockpt manifest ({MANIFEST_NAME}) in {storage.location}")
-    return storage
 
 
 def _framework(records: list[CheckpointRecord], ending: str, chosen: str | None, location: str) -> str:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..persist.manifest import MANIFEST_NAME, read_manifest, verify
-from ..persist.storage import storage_for
+from ..persist.storage import Storage, storage_for
 from ..run_status import STATUS_NAME, read_status
 from ..units import format_size
 
@@ -52,12 +52,19 @@ def storage_options_arg(text: str) -> dict[str, object]:
     return dict(options)
 
 
-def run(args: argparse.Namespace) -> int:
-    if "://" not in args.dirpath and not os.path.isdir(args.dirpath):
-        raise ValueError(f"{args.dirpath} {'is not a directory' if os.path.exists(args.dirpath) else 'does not exist'}")
-    storage = storage_for(args.dirpath, args.storage_options)
+def checkpoint_storage(dirpath: str, storage_options: dict[str, object] | None) -> Storage:
+    """The storage of an autockpt directory (or URL); ``ValueError`` naming it where it is missing,
+    not a directory, or holds no manifest (``inspect`` and ``export`` read one)."""
+    if "://" not in dirpath and not os.path.isdir(dirpath):
+        raise ValueError(f"{dirpath} {'is not a directory' if os.path.exists(dirpath) else 'does not exist'}")
+    storage = storage_for(dirpath, storage_options)
     if not storage.exists(MANIFEST_NAME):
         raise ValueError(f"no autockpt manifest ({MANIFEST_NAME}) in {storage.location}")
+    return storage
+
+
+def run(args: argparse.Namespace) -> int:
+    storage = checkpoint_storage(args.dirpath, args.storage_options)
     records = read_manifest(storage)
     rows = []
     for r in records:

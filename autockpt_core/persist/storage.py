@@ -207,16 +207,18 @@ class FsspecStorage:
     available through fsspec; durability is whatever the backend guarantees once an upload
     has completed. Listings are read afresh (another process may have written since).
     ``storage_options`` go to ``fsspec.core.url_to_fs`` (``endpoint_url``, credentials ...).
+    ``fs``, ``root`` and ``protocols``: the filesystem, the path in it, the URL's protocols.
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import fsspec
 
-        self._fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        self._root = root.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        self.root = root.rstrip("/")
         self._url = url
-        protocols = self._fs.protocol if isinstance(self._fs.protocol, (tuple, list)) else (self._fs.protocol,)
-        self.direct_uploads = bool(set(protocols) & DIRECT_UPLOAD_PROTOCOLS)
+        protocol = self.fs.protocol
+        self.protocols = frozenset(protocol if isinstance(protocol, (tuple, list)) else (protocol,))
+        self.direct_uploads = bool(self.protocols & DIRECT_UPLOAD_PROTOCOLS)
         """Objects are uploaded under their final name (see the class docstring)."""
 
     @property
@@ -226,14 +228,14 @@ class FsspecStorage:
     def _path(self, name: str) -> str:
         if not name or "/" in name:
             raise ValueError(f"storage names are plain file names, got {name!r}")
-        return f"{self._root}/{name}"
+        return f"{self.root}/{name}"
 
     def write_atomic(self, name: str, write: Callable[[IO[bytes]], object]) -> WriteResult:
-        self._fs.makedirs(self._root, exist_ok=True)
+        self.fs.makedirs(self.root, exist_ok=True)
         final = self._path(name)
         tmp = self._path(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{name}")
         direct = self.direct_uploads
-        raw = self._fs.open(final if direct else tmp, "wb")
+        raw = self.fs.open(final if direct else tmp, "wb")
         try:
             hashing = HashingWriter(raw, max_write=UPLOAD_BLOCK)
             try:
@@ -250,27 +252,27 @@ class FsspecStorage:
                 _abandon(raw)  # e.g. completing a multipart upload failed: abort it
                 raise
             if not direct:
-                self._fs.mv(tmp, final)
+                self.fs.mv(tmp, final)
         except BaseException:
             if not direct:  # a direct upload left nothing: the old object under ``final`` stays
                 try:
-                    self._fs.rm(tmp)
+                    self.fs.rm(tmp)
                 except Exception:
                     pass
             raise
         return WriteResult(name, hashing.size, hashing.hexdigest())
 
     def open_read(self, name: str) -> IO[bytes]:
-        self._fs.invalidate_cache(self._root)
-        return self._fs.open(self._path(name), "rb")
+        self.fs.invalidate_cache(self.root)
+        return self.fs.open(self._path(name), "rb")
 
     def exists(self, name: str) -> bool:
-        self._fs.invalidate_cache(self._root)
-        return bool(self._fs.exists(self._path(name)))
+        self.fs.invalidate_cache(self.root)
+        return bool(self.fs.exists(self._path(name)))
 
     def delete(self, name: str) -> None:
         try:
-            self._fs.rm(self._path(name))
+            self.fs.rm(self._path(name))
         except FileNotFoundError:
             pass
 
@@ -279,17 +281,17 @@ class FsspecStorage:
 
     def modified(self, name: str) -> float:
         """The object's last write by the store's clock (see :func:`modified_time`)."""
-        self._fs.invalidate_cache(self._root)
-        return float(self._fs.modified(self._path(name)).timestamp())
+        self.fs.invalidate_cache(self.root)
+        return float(self.fs.modified(self._path(name)).timestamp())
 
     def cleanup_temporaries(self) -> int:
         removed = 0
-        self._fs.invalidate_cache(self._root)
-        if not self._fs.exists(self._root):
+        self.fs.invalidate_cache(self.root)
+        if not self.fs.exists(self.root):
             return 0
-        for p in self._fs.ls(self._root, detail=False):
+        for p in self.fs.ls(self.root, detail=False):
             if p.rstrip("/").rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
-                self._fs.rm(p)
+                self.fs.rm(p)
                 removed += 1
         return removed
 

@@ -22,7 +22,7 @@ import re
 from typing import Any, Iterator
 
 from ..errors import StorageError
-from .storage import Storage
+from .storage import FsspecStorage, Storage
 
 CREDENTIALS, ENDPOINT, BUCKET, PERMISSION = "credentials", "endpoint", "bucket", "permission"
 """The causes :func:`diagnose` tells apart (``Diagnosis.cause``, ``StorageError.cause``)."""
@@ -136,16 +136,12 @@ def check_reachable(storage: Storage, field: str = "dirpath") -> None:
     ``StorageError`` (``from`` the original), any other is left to the caller's real requests (they
     retry). A no-op for other storages. Blocking, one round trip; call it from the thread that opens
     the storage, before its first real request."""
-    fs: Any = getattr(storage, "_fs", None)  # FsspecStorage's filesystem and root path in it
-    root = getattr(storage, "_root", None)
-    protocols = getattr(fs, "protocol", ())
-    if isinstance(protocols, str):
-        protocols = (protocols,)
-    if fs is None or root is None or not set(protocols) & {"s3", "s3a"}:
+    if not isinstance(storage, FsspecStorage) or not storage.protocols & {"s3", "s3a"}:
         return
+    fs: Any = storage.fs
     config = dict(fs.storage_options.get("config_kwargs") or {})
     config["retries"] = {"total_max_attempts": 1, "mode": "standard"}  # botocore: the first attempt only
-    bucket, _, prefix = root.partition("/")
+    bucket, _, prefix = storage.root.partition("/")
     try:
         quick = type(fs)(**{**fs.storage_options, "config_kwargs": config, "skip_instance_cache": True})
         quick.retries = 1  # s3fs' own retries of timeouts and HTTP client errors
